@@ -1,0 +1,168 @@
+"""Argument checks for the functional layer: run once, before any kernel sees the data.
+
+Policy
+------
+* Arrays: anything ``np.asarray`` accepts (ndarrays, views of any strides, read-only arrays,
+  nested lists). The dtype must be float32 or float64 -- integer, bool, complex, float16 and
+  object inputs are a ``TypeError``, as in PyTorch, and so are mixed float dtypes.
+* Shapes: a wrong rank or size is a ``ValueError`` that names the argument, what was expected
+  and what was given, e.g. ``weight must have shape (Fout, 512) to match x (..., 512); got
+  (64, 256)``.
+* What the kernels get back: C-contiguous arrays of one dtype (a copy only when the input was
+  not already one).
+"""
+import numbers
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# ---------------------------------------------------------------- building blocks
+
+def float_array(name, value):
+    """``value`` as a float32/float64 ndarray (no copy when it already is one)."""
+    if value is None:
+        raise TypeError(f"{name} must be a float32 or float64 array; got None")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as exc:  # ragged lists and the like
+        raise TypeError(f"{name} must be a float32 or float64 array; got {type(value).__name__} "
+                        f"that NumPy cannot convert ({exc})") from None
+    if arr.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64; got {arr.dtype}")
+    return arr
+
+
+def same_dtype(name, arr, like_name, like):
+    """``arr`` must have the dtype of ``like`` (npattn never mixes float32 and float64)."""
+    if arr.dtype != like.dtype:
+        raise TypeError(f"{name} must have dtype {like.dtype} to match {like_name}; got {arr.dtype}")
+
+
+def min_ndim(name, arr, ndim, what):
+    if arr.ndim < ndim:
+        raise ValueError(f"{name} must have at least {ndim} dimension{'s' * (ndim != 1)} "
+                         f"{what}; got shape {arr.shape}")
+
+
+def exact_shape(name, arr, expected, what):
+    """``expected`` is a tuple; ``what`` says where it comes from, e.g. 'to match x (..., 512)'."""
+    if arr.shape != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)} {what}; got {arr.shape}")
+
+
+def contiguous(*arrays):
+    """C-contiguous versions of the arrays (``None`` passes through)."""
+    out = tuple(None if a is None else np.ascontiguousarray(a) for a in arrays)
+    return out if len(out) > 1 else out[0]
+
+
+def axis(name, dim, ndim):
+    """A PyTorch-style ``dim`` (negative counts from the end) as a non-negative axis."""
+    if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(dim).__name__}")
+    span = max(ndim, 1)  # a 0-d array has one implicit axis, as in PyTorch
+    if not -span <= dim < span:
+        raise ValueError(f"{name} must be in [{-span}, {span - 1}] for an array with {ndim} "
+                         f"dimension{'s' * (ndim != 1)}; got {dim}")
+    return int(dim) % span
+
+
+def probability(name, p):
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{name} must be a real number in [0, 1]; got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in [0, 1]; got {p}")
+    return p
+
+
+def seed_value(name, seed):
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{name} must be an int in [0, 2**64); got {type(seed).__name__}")
+    seed = int(seed)
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"{name} must be an int in [0, 2**64); got {seed}")
+    return seed
+
+
+def flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
+    return bool(value)
+
+
+def _shape_text(shape):
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+# ---------------------------------------------------------------- per op
+
+def linear_args(x, weight, bias):
+    """x (..., Fin), weight (Fout, Fin), bias (Fout,) or None -> C-contiguous, one dtype."""
+    x = float_array("x", x)
+    weight = float_array("weight", weight)
+    same_dtype("weight", weight, "x", x)
+    min_ndim("x", x, 1, "(..., Fin)")
+    fin = x.shape[-1]
+    if weight.ndim != 2 or weight.shape[1] != fin:
+        raise ValueError(f"weight must have shape (Fout, {fin}) to match x (..., {fin}); "
+                         f"got {weight.shape}")
+    if bias is not None:
+        bias = float_array("bias", bias)
+        same_dtype("bias", bias, "x", x)
+        exact_shape("bias", bias, (weight.shape[0],), f"to match weight {weight.shape}")
+    return contiguous(x, weight, bias)
+
+
+def linear_backward_args(dout, x, weight, bias):
+    x, weight, bias = linear_args(x, weight, bias)
+    dout = float_array("dout", dout)
+    same_dtype("dout", dout, "x", x)
+    exact_shape("dout", dout, x.shape[:-1] + (weight.shape[0],),
+                f"(..., Fout) to match x {x.shape} and weight {weight.shape}")
+    return contiguous(dout), x, weight, bias
+
+
+def matmul_args(a, b):
+    """Two float arrays of one dtype, each at least 1-D, whose matrix dims agree."""
+    a = float_array("a", a)
+    b = float_array("b", b)
+    same_dtype("b", b, "a", a)
+    min_ndim("a", a, 1, "for matmul")
+    min_ndim("b", b, 1, "for matmul")
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if ka != kb:
+        where = "b.shape[-2]" if b.ndim > 1 else "b.shape[0]"
+        raise ValueError(f"{where} must equal a.shape[-1] = {ka} for matmul; got b with shape "
+                         f"{b.shape}")
+    batch_a = a.shape[:-2]
+    batch_b = b.shape[:-2]
+    try:
+        batch = np.broadcast_shapes(batch_a, batch_b)
+    except ValueError:
+        raise ValueError(f"the batch dims of a {_shape_text(batch_a)} and b {_shape_text(batch_b)} "
+                         f"must broadcast; got a with shape {a.shape} and b with shape "
+                         f"{b.shape}") from None
+    return a, b, batch
+
+
+def softmax_args(x, dim):
+    x = float_array("x", x)
+    return x, axis("dim", dim, x.ndim)
+
+
+def softmax_backward_args(dout, out, dim):
+    out = float_array("out", out)
+    dout = float_array("dout", dout)
+    same_dtype("dout", dout, "out", out)
+    exact_shape("dout", dout, out.shape, "to match out")
+    return dout, out, axis("dim", dim, out.ndim)
+
+
+def dropout_args(x, p, seed, training):
+    x = float_array("x", x)
+    return x, probability("p", p), seed_value("seed", seed), flag("training", training)
+

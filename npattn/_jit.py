@@ -1,0 +1,90 @@
+"""Every Numba option npattn uses, and the threading policy. Nothing else calls ``njit``.
+
+Options
+-------
+``cache=True``           compiled kernels are written to disk (next to the module, or to the
+                         user cache directory when the install is read-only) and reloaded.
+``nogil=True``           a kernel releases the GIL: other Python threads run meanwhile.
+``error_model="numpy"``  division by zero gives inf/NaN as in NumPy instead of raising.
+``fastmath=FASTMATH``    fast-math *without* ``nnan`` and ``ninf``: attention masks are -inf and
+                         NaN must propagate, so LLVM may not assume either is absent. ``reassoc``
+                         lets LLVM vectorise a reduction into partial sums; the order is fixed at
+                         compile time, so results do not depend on the thread count.
+
+Threading policy
+----------------
+Numba runs ``prange`` loops on one of three threading layers, picked at the first parallel
+launch in the order tbb, omp, workqueue (or as ``NUMBA_THREADING_LAYER`` says). ``tbb`` and
+``omp`` accept launches from several Python threads at once; ``workqueue`` (the fallback when
+neither TBB nor an OpenMP runtime is found) aborts the whole process with "Concurrent access
+has been detected". npattn is a library that other programs call from their own threads, so we
+neither force a layer (that is the application's choice, and forcing ``tbb`` fails where it is
+not installed) nor accept the abort: every parallel kernel is called through
+:class:`ThreadSafeKernel`, which serialises launches under one lock while the layer is
+``workqueue`` -- or not yet known, before the first launch -- and calls straight through
+otherwise. Serialising costs nothing on one thread; with ``workqueue`` the kernels already use
+all cores, so concurrent callers lose little. Note that GNU OpenMP (``omp``) is not fork-safe:
+fork a child before the first parallel call, or use the ``spawn`` start method.
+"""
+import functools
+import threading
+
+import numba
+from numba import njit
+
+FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+
+#: A serial kernel; may also be called from other kernels.
+kernel = njit(**OPTIONS)
+
+_launch_lock = threading.Lock()
+_layer_is_concurrent = None  # None until the first parallel launch tells us the layer
+
+
+def _launches_may_overlap():
+    """True once we know the threading layer accepts concurrent launches."""
+    global _layer_is_concurrent
+    if _layer_is_concurrent is None:
+        try:
+            layer = numba.threading_layer()
+        except ValueError:  # no parallel launch yet: the layer is not chosen
+            return False
+        _layer_is_concurrent = layer != "workqueue"
+    return _layer_is_concurrent
+
+
+class ThreadSafeKernel:
+    """A parallel Numba dispatcher, called under a lock when the threading layer needs one.
+
+    Attribute access (``signatures``, ``py_func``, ``compile``...) goes to the dispatcher.
+    """
+
+    def __init__(self, dispatcher):
+        self.dispatcher = dispatcher
+        functools.update_wrapper(self, dispatcher.py_func)
+
+    def __call__(self, *args):
+        if _launches_may_overlap():
+            return self.dispatcher(*args)
+        with _launch_lock:
+            return self.dispatcher(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.dispatcher, name)
+
+    def __repr__(self):
+        return f"<npattn parallel kernel {self.__name__}>"
+
+
+def parallel_kernel(func):
+    """A ``prange`` kernel, compiled lazily on its first call and safe to call from any thread."""
+    return ThreadSafeKernel(njit(parallel=True, **OPTIONS)(func))
+
+
+def threading_layer():
+    """The threading layer in use, or ``None`` before the first parallel launch."""
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return None

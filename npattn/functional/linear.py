@@ -1,0 +1,46 @@
+"""The linear layer of ``nn.Linear``: y = x·Wᵀ + b, with PyTorch's weight layout (Fout, Fin)."""
+import math
+
+import numpy as np
+
+from .. import _checks
+from ..kernels.linear import linear_backward_kernel, linear_forward_kernel
+
+
+def linear_forward(x, weight, bias=None):
+    """y = x·Wᵀ + b over the last axis of x, with PyTorch's weight layout.
+
+    Shapes: x (..., Fin) · weight (Fout, Fin) · bias (Fout,) -> out (..., Fout)
+
+    The article's example: x (2, 5, 512) through ``Linear(512, 64)`` is 2·5 = 10 independent
+    512-vectors, each multiplied by Wᵀ: out (2, 5, 64).
+    """
+    x, weight, bias = _checks.linear_args(x, weight, bias)  # one float dtype, C-contiguous
+    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (N, Fin)
+    if bias is None:
+        bias = np.zeros(weight.shape[0], dtype=x.dtype)     # one kernel for both cases
+    out = np.empty((rows.shape[0], weight.shape[0]), dtype=x.dtype)
+    linear_forward_kernel(rows, weight, bias, out)
+    return out.reshape(*x.shape[:-1], weight.shape[0])      # (..., Fout)
+
+
+def linear_backward(dout, x, weight, bias=None):
+    """Gradients of ``linear_forward``: ``(dx, dweight, dbias)``; ``dbias`` is None without bias.
+
+    dx = dout·W,  dweight = Σ_rows doutᵀ·x,  dbias = Σ_rows dout  (rows: all leading dims).
+
+    Shapes: dout (..., Fout), x (..., Fin), weight (Fout, Fin) -> dx (..., Fin),
+    dweight (Fout, Fin), dbias (Fout,)
+    """
+    dout, x, weight, bias = _checks.linear_backward_args(dout, x, weight, bias)
+    n = math.prod(x.shape[:-1])
+    rows_x = x.reshape(n, x.shape[-1])                      # (N, Fin)
+    rows_dout = dout.reshape(n, weight.shape[0])            # (N, Fout)
+    dx = np.empty_like(rows_x)
+    dweight = np.empty_like(weight)
+    dbias = np.empty(weight.shape[0], dtype=x.dtype)
+    linear_backward_kernel(rows_dout, rows_x, weight, dx, dweight, dbias)
+    return dx.reshape(x.shape), dweight, (None if bias is None else dbias)
+
+
+linear = linear_forward

@@ -1,0 +1,153 @@
+"""The textbook: every formula of npattn in plain NumPy, forward and backward.
+
+Written the way the article and PyTorch's documentation write the formulas -- whole arrays,
+no blocking, no tricks beyond the max-subtraction that makes softmax computable. It is the
+oracle of the tests (they call it on float64 copies of their inputs) and the engine of
+``npattn explain``. It is never fast and never meant to be.
+
+Conventions: ``<op>_backward(dout, ...)`` returns one gradient per differentiable input, in
+forward's argument order. A fully masked softmax row (every entry ``-inf``) gives zeros, and
+zero gradient, as PyTorch's scaled_dot_product_attention does since 2.5.
+"""
+import numpy as np
+
+
+# ------------------------------------------------------------------------- linear
+
+def linear_forward(x, weight, bias=None):
+    """y = x·Wᵀ + b.  Shapes: x (..., Fin) · weight (Fout, Fin) · bias (Fout,) -> (..., Fout)"""
+    out = x @ weight.T                                   # (..., Fout)
+    return out if bias is None else out + bias
+
+
+def linear_backward(dout, x, weight, bias=None):
+    """dx = dout·W,  dW = Σ_rows doutᵀ·x,  db = Σ_rows dout."""
+    dx = dout @ weight                                   # (..., Fin)
+    n = int(np.prod(x.shape[:-1]))
+    rows_dout = dout.reshape(n, weight.shape[0])         # (N, Fout)
+    rows_x = x.reshape(n, weight.shape[1])               # (N, Fin)
+    dweight = rows_dout.T @ rows_x                       # (Fout, Fin)
+    dbias = None if bias is None else rows_dout.sum(axis=0)
+    return dx, dweight, dbias
+
+
+# ------------------------------------------------------------------------- matmul
+
+def _sum_to_shape(grad, shape):
+    """Undo broadcasting: sum ``grad`` over the dims that broadcasting added or stretched."""
+    lead = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(lead))) if lead else grad
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return grad.sum(axis=stretched, keepdims=True) if stretched else grad
+
+
+def matmul_forward(a, b):
+    """torch.matmul: 1-D operands are promoted to matrices, batch dims broadcast."""
+    return np.matmul(a, b)
+
+
+def matmul_backward(dout, a, b):
+    """da = dout·bᵀ, db = aᵀ·dout, each summed over the batch dims broadcasting added."""
+    a2 = a[None, :] if a.ndim == 1 else a                # (..., M, K)
+    b2 = b[:, None] if b.ndim == 1 else b                # (..., K, N)
+    dout2 = dout
+    if a.ndim == 1:
+        dout2 = np.expand_dims(dout2, -2 if b.ndim > 1 else 0)   # restore M = 1
+    if b.ndim == 1:
+        dout2 = dout2[..., None]                         # restore N = 1
+    da = dout2 @ np.swapaxes(b2, -1, -2)                 # (batch..., M, K)
+    db = np.swapaxes(a2, -1, -2) @ dout2                 # (batch..., K, N)
+    da = _sum_to_shape(da, a2.shape).reshape(a.shape)
+    db = _sum_to_shape(db, b2.shape).reshape(b.shape)
+    return da, db
+
+
+# ------------------------------------------------------------------------- softmax
+
+def softmax_forward(x, dim=-1):
+    """softmax(x)_j = exp(x_j - m) / Σ_k exp(x_k - m), m = max_k x_k; a row of -inf gives 0."""
+    m = np.max(x, axis=dim, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)                 # all -inf: exp(-inf) = 0 below
+    e = np.exp(x - m)
+    s = np.sum(e, axis=dim, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(s == 0, 0.0, e / s)
+
+
+def softmax_backward(dout, out, dim=-1):
+    """dx = y ∘ (dout - Σ_k dout_k y_k): the Jacobian-vector product, never the Jacobian."""
+    return out * (dout - np.sum(dout * out, axis=dim, keepdims=True))
+
+
+def log_softmax_forward(x, dim=-1):
+    """log_softmax(x)_j = x_j - m - log Σ_k exp(x_k - m); a row of -inf stays -inf."""
+    m = np.max(x, axis=dim, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    with np.errstate(divide="ignore"):
+        return x - m - np.log(np.sum(np.exp(x - m), axis=dim, keepdims=True))
+
+
+def log_softmax_backward(dout, out, dim=-1):
+    """dx = dout - exp(y) ∘ Σ_k dout_k; zero for a row whose every entry is -inf."""
+    dx = dout - np.exp(out) * np.sum(dout, axis=dim, keepdims=True)
+    masked = np.all(np.isneginf(out), axis=dim, keepdims=True)
+    return np.where(masked, 0.0, dx)
+
+
+# ------------------------------------------------------------------------- dropout
+
+def dropout_forward(x, keep, p):
+    """Inverted dropout: kept entries are scaled by 1/(1-p) so the expectation is unchanged."""
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    return np.where(keep, x * scale, 0.0)
+
+
+def dropout_backward(dout, keep, p):
+    """The same mask and scale: dropout is linear in x."""
+    return dropout_forward(dout, keep, p)
+
+
+# ------------------------------------------------------------------------- attention
+
+def attention_forward(query, key, value, mask=None, keep=None, dropout_p=0.0, scale=None):
+    """The article's attention: scores = q·kᵀ/√d_k, mask, softmax, dropout, ·v.
+
+    Shapes: query (..., L, E) · key (..., S, E) · value (..., S, Ev) -> output (..., L, Ev),
+    weights (..., L, S).  ``mask`` broadcasts to (..., L, S): boolean ``True`` takes part,
+    float is added to the scores.  ``keep`` is the dropout keep-mask (..., L, S) or None.
+    Returns ``(output, weights)`` with ``weights`` after dropout (the article's ``p_attn``).
+    """
+    d_k = query.shape[-1]
+    scale = 1.0 / np.sqrt(d_k) if scale is None else scale
+    scores = (query @ np.swapaxes(key, -1, -2)) * scale  # (..., L, S)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
+    probs = softmax_forward(scores, dim=-1)              # (..., L, S)
+    weights = probs if keep is None else dropout_forward(probs, keep, dropout_p)
+    return weights @ value, weights
+
+
+def attention_backward(dout, query, key, value, mask=None, keep=None, dropout_p=0.0,
+                       scale=None):
+    """Gradients of query, key and value (and of a float mask, summed to its shape).
+
+    The chain rule written out: output = W·V with W = dropout(P), P = softmax(scores).
+    Softmax's gradient needs the pre-dropout P -- at dropped positions too.
+    """
+    d_k = query.shape[-1]
+    scale = 1.0 / np.sqrt(d_k) if scale is None else scale
+    scores = (query @ np.swapaxes(key, -1, -2)) * scale
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
+    probs = softmax_forward(scores, dim=-1)              # P (..., L, S)
+    weights = probs if keep is None else dropout_forward(probs, keep, dropout_p)
+    dvalue = np.swapaxes(weights, -1, -2) @ dout         # (..., S, Ev)
+    dweights = dout @ np.swapaxes(value, -1, -2)         # (..., L, S)
+    dprobs = dweights if keep is None else dropout_backward(dweights, keep, dropout_p)
+    dscores = softmax_backward(dprobs, probs, dim=-1)    # (..., L, S)
+    dquery = (dscores @ key) * scale                     # (..., L, E)
+    dkey = (np.swapaxes(dscores, -1, -2) @ query) * scale  # (..., S, E)
+    dmask = None
+    if mask is not None and mask.dtype != bool:
+        dmask = _sum_to_shape(dscores, mask.shape)
+    return dquery, dkey, dvalue, dmask
