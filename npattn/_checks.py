@@ -53,8 +53,15 @@ def exact_shape(name, arr, expected, what):
 
 
 def contiguous(*arrays):
-    """C-contiguous versions of the arrays (``None`` passes through)."""
-    out = tuple(None if a is None else np.ascontiguousarray(a) for a in arrays)
+    """C-contiguous, writeable versions of the arrays (``None`` passes through).
+
+    Read-only inputs are copied too: Numba types a read-only array differently and would
+    compile every kernel again for each mix of read-only and writeable arguments (~1 s each).
+    """
+    out = tuple(None if a is None else
+                np.ascontiguousarray(a).reshape(a.shape) if a.flags.writeable  # 0-d stays 0-d
+                else np.array(a, order="C")
+                for a in arrays)
     return out if len(out) > 1 else out[0]
 
 
@@ -87,14 +94,21 @@ def seed_value(name, seed):
     return seed
 
 
+def shape_value(name, shape):
+    """A shape as a tuple of non-negative ints; an int is a 1-D shape, as in NumPy."""
+    dims = tuple(shape) if np.iterable(shape) else (shape,)
+    for n in dims:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"{name} must be a tuple of ints; got {shape!r}")
+        if n < 0:
+            raise ValueError(f"{name} must not have negative dims; got {shape!r}")
+    return tuple(int(n) for n in dims)
+
+
 def flag(name, value):
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
     return bool(value)
-
-
-def _shape_text(shape):
-    return "(" + ", ".join(str(s) for s in shape) + ")"
 
 
 # ---------------------------------------------------------------- per op
@@ -136,14 +150,14 @@ def matmul_args(a, b):
     kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
     if ka != kb:
         where = "b.shape[-2]" if b.ndim > 1 else "b.shape[0]"
-        raise ValueError(f"{where} must equal a.shape[-1] = {ka} for matmul; got b with shape "
-                         f"{b.shape}")
+        raise ValueError(f"{where} must equal a.shape[-1] = {ka} (a has shape {a.shape}) for "
+                         f"matmul; got b with shape {b.shape}")
     batch_a = a.shape[:-2]
     batch_b = b.shape[:-2]
     try:
         batch = np.broadcast_shapes(batch_a, batch_b)
     except ValueError:
-        raise ValueError(f"the batch dims of a {_shape_text(batch_a)} and b {_shape_text(batch_b)} "
+        raise ValueError(f"the batch dims of a {batch_a} and b {batch_b} "
                          f"must broadcast; got a with shape {a.shape} and b with shape "
                          f"{b.shape}") from None
     return a, b, batch

@@ -66,7 +66,7 @@ def matmul_backward(dout, a, b):
 
 def softmax_forward(x, dim=-1):
     """softmax(x)_j = exp(x_j - m) / Σ_k exp(x_k - m), m = max_k x_k; a row of -inf gives 0."""
-    m = np.max(x, axis=dim, keepdims=True)
+    m = np.max(x, axis=dim, keepdims=True, initial=-np.inf)
     m = np.where(np.isneginf(m), 0.0, m)                 # all -inf: exp(-inf) = 0 below
     e = np.exp(x - m)
     s = np.sum(e, axis=dim, keepdims=True)
@@ -81,10 +81,11 @@ def softmax_backward(dout, out, dim=-1):
 
 def log_softmax_forward(x, dim=-1):
     """log_softmax(x)_j = x_j - m - log Σ_k exp(x_k - m); a row of -inf stays -inf."""
-    m = np.max(x, axis=dim, keepdims=True)
+    m = np.max(x, axis=dim, keepdims=True, initial=-np.inf)
     m = np.where(np.isneginf(m), 0.0, m)
-    with np.errstate(divide="ignore"):
-        return x - m - np.log(np.sum(np.exp(x - m), axis=dim, keepdims=True))
+    s = np.sum(np.exp(x - m), axis=dim, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s == 0, -np.inf, x - m - np.log(s))  # -inf - log 0 would be NaN
 
 
 def log_softmax_backward(dout, out, dim=-1):

@@ -56,18 +56,16 @@ def make_values(rng, shape, dtype, kind="normal"):
         x = rng.standard_normal(shape) * 1e30
     elif kind == "masked":  # -inf entries and whole rows of -inf, as attention masks make
         x = rng.standard_normal(shape) * 3.0
-        if x.size:
-            x[rng.random(shape) < 0.3] = -np.inf
-            if x.ndim:
-                rows = rng.random(shape[:-1]) < 0.25
-                x[rows] = -np.inf
+        x = np.asarray(x)
+        x[rng.random(shape) < 0.3] = -np.inf
+        if x.ndim:
+            x[rng.random(shape[:-1]) < 0.25] = -np.inf   # whole rows along the last axis
     elif kind == "nan":
-        x = rng.standard_normal(shape)
-        if x.size:
-            x[rng.random(shape) < 0.1] = np.nan
+        x = np.asarray(rng.standard_normal(shape))
+        x[rng.random(shape) < 0.1] = np.nan
     else:
         raise ValueError(kind)
-    return np.ascontiguousarray(x, dtype=dtype)
+    return np.ascontiguousarray(x, dtype=dtype).reshape(shape)  # keeps 0-d as 0-d
 
 
 def lay_out(data, layout, rng):

@@ -1,0 +1,1 @@
+"""npattn's benchmark suite: cases × implementations (npattn, NumPy, PyTorch when importable)."""

@@ -1,0 +1,31 @@
+"""npattn: a from-scratch attention engine on NumPy and Numba.
+
+Every op comes as a pair -- ``<op>_forward`` and ``<op>_backward`` -- with the plain PyTorch
+name as the forward::
+
+    >>> import numpy as np, npattn
+    >>> x = np.ones((2, 5, 512), np.float32)          # the article's batch
+    >>> w_q = np.ones((64, 512), np.float32)           # nn.Linear(512, 64).weight: (out, in)
+    >>> npattn.linear(x, w_q).shape
+    (2, 5, 64)
+
+``npattn.reference`` holds every formula in plain NumPy (the tests' oracle). Importing npattn
+compiles nothing: each kernel compiles on its first call and is cached on disk.
+"""
+from . import reference
+from .functional.dropout import dropout, dropout_backward, dropout_forward, dropout_mask
+from .functional.linear import linear, linear_backward, linear_forward
+from .functional.matmul import matmul, matmul_backward, matmul_forward
+from .functional.softmax import (log_softmax, log_softmax_backward, log_softmax_forward,
+                                 softmax, softmax_backward, softmax_forward)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "reference",
+    "linear", "linear_forward", "linear_backward",
+    "matmul", "matmul_forward", "matmul_backward",
+    "softmax", "softmax_forward", "softmax_backward",
+    "log_softmax", "log_softmax_forward", "log_softmax_backward",
+    "dropout", "dropout_forward", "dropout_backward", "dropout_mask",
+]

@@ -1,0 +1,92 @@
+"""torch.matmul: a matrix product with 1-D promotion and broadcast batch dims."""
+import math
+
+import numpy as np
+
+from .. import _checks
+from ..kernels.matmul import matmul_backward_kernel, matmul_forward_kernel
+
+
+def _operands(a, b, batch):
+    """The kernels' view of ``a @ b``: stacks of matrices and which pair each output batch uses.
+
+    Returns a3 (Ba, M, K), b3 (Bb, K, N), both C-contiguous; a_index, b_index (T,) int64, where
+    output batch t is a3[a_index[t]] · b3[b_index[t]]; and the shape of the result. Broadcast
+    batch dims become repeated indices, never copies. When b has no batch dims, a's batch is
+    folded into M: one (Ba·M, K)·(K, N) product, T = 1.
+    """
+    a_mat = a.reshape(1, a.shape[0]) if a.ndim == 1 else a    # (..., M, K): 1-D a is a row
+    b_mat = b.reshape(b.shape[0], 1) if b.ndim == 1 else b    # (..., K, N): 1-D b is a column
+    m, k = a_mat.shape[-2:]
+    n = b_mat.shape[-1]
+    batch_a, batch_b = a_mat.shape[:-2], b_mat.shape[:-2]
+    out_shape = batch + (m,) * (a.ndim > 1) + (n,) * (b.ndim > 1)  # promoted dims removed
+    if not batch_b:
+        a3 = _checks.contiguous(a_mat).reshape(1, math.prod(batch_a) * m, k)  # (1, Ba·M, K)
+        b3 = _checks.contiguous(b_mat).reshape(1, k, n)                        # (1, K, N)
+        index = np.zeros(1, dtype=np.int64)
+        return a3, b3, index, index, out_shape
+    n_a, n_b = math.prod(batch_a), math.prod(batch_b)
+    a3 = _checks.contiguous(a_mat).reshape(n_a, m, k)                          # (Ba, M, K)
+    b3 = _checks.contiguous(b_mat).reshape(n_b, k, n)                          # (Bb, K, N)
+    # flatten() always copies: a writable index keeps the kernels' signature (and compile) one
+    a_index = np.broadcast_to(np.arange(n_a, dtype=np.int64).reshape(batch_a), batch).flatten()
+    b_index = np.broadcast_to(np.arange(n_b, dtype=np.int64).reshape(batch_b), batch).flatten()
+    return a3, b3, a_index, b_index, out_shape                                   # index (T,)
+
+
+def _users(index, count):
+    """CSR lists of the output batches that use each stored matrix, each in increasing order.
+
+    The batches using matrix i are order[offsets[i]:offsets[i + 1]].
+    """
+    order = np.argsort(index, kind="stable").astype(np.int64, copy=False)        # (T,)
+    offsets = np.zeros(count + 1, dtype=np.int64)                                # (count + 1,)
+    np.cumsum(np.bincount(index, minlength=count), out=offsets[1:])
+    return order, offsets
+
+
+def matmul_forward(a, b):
+    """out = a · b with torch.matmul's rules.
+
+    out[..., m, n] = Σ_k a[..., m, k] · b[..., k, n]; both 1-D is the dot product (a 0-d
+    array); a 1-D a is a row (1, K) and a 1-D b a column (K, 1), whose unit dim is removed from
+    the result; the batch dims (all but the last two) broadcast.
+
+    Shapes: a (*Ba, M, K) · b (*Bb, K, N) -> out (*broadcast(Ba, Bb), M, N)
+    """
+    a, b, batch = _checks.matmul_args(a, b)                   # one float dtype, K agrees
+    a3, b3, a_index, b_index, out_shape = _operands(a, b, batch)
+    t, m, n = a_index.shape[0], a3.shape[1], b3.shape[2]
+    out = np.empty((t, m, n), dtype=a.dtype)                  # (T, M, N); folded: (1, Ba·M, N)
+    matmul_forward_kernel(a3, b3, a_index, b_index, out)
+    return out.reshape(out_shape)                             # (*batch, M, N), promoted dims gone
+
+
+def matmul_backward(dout, a, b):
+    """Gradients of ``matmul_forward``: ``(da, db)``, shaped and typed like a and b.
+
+    da = dout·bᵀ,  db = aᵀ·dout,  each summed over the batch dims broadcasting added or
+    stretched (and with 1-D promotion undone).
+
+    Shapes: dout (*broadcast(Ba, Bb), M, N), a (*Ba, M, K), b (*Bb, K, N) -> da (*Ba, M, K),
+    db (*Bb, K, N)
+    """
+    a, b, batch = _checks.matmul_args(a, b)
+    a3, b3, a_index, b_index, out_shape = _operands(a, b, batch)
+    dout = _checks.float_array("dout", dout)
+    _checks.same_dtype("dout", dout, "a", a)
+    _checks.exact_shape("dout", dout, out_shape,
+                        f"to match the matmul of a {a.shape} and b {b.shape}")
+    t, m, n = a_index.shape[0], a3.shape[1], b3.shape[2]
+    dout3 = _checks.contiguous(dout).reshape(t, m, n)       # (T, M, N); folded: (1, Ba·M, N)
+    a_order, a_offsets = _users(a_index, a3.shape[0])
+    b_order, b_offsets = _users(b_index, b3.shape[0])
+    da = np.empty(a3.shape, dtype=a.dtype)                    # (Ba, M, K)
+    db = np.empty(b3.shape, dtype=a.dtype)                    # (Bb, K, N)
+    matmul_backward_kernel(dout3, a3, b3, a_index, b_index, a_order, a_offsets, b_order,
+                           b_offsets, da, db)
+    return da.reshape(a.shape), db.reshape(b.shape)
+
+
+matmul = matmul_forward

@@ -1,0 +1,38 @@
+"""Every op gives bitwise the same results at any thread count (subprocess per count)."""
+import hashlib
+
+import pytest
+
+from test_jit import run_python
+
+SCRIPT = """
+import hashlib
+import numpy as np
+import numba
+import npattn
+assert numba.get_num_threads() == {threads}
+rng = np.random.default_rng(1)
+digest = hashlib.sha256()
+for dtype in (np.float32, np.float64):
+    x = rng.standard_normal((3, 37, 129)).astype(dtype)
+    w = rng.standard_normal((65, 129)).astype(dtype)
+    b = rng.standard_normal(65).astype(dtype)
+    y = npattn.linear(x, w, b)
+    outs = [y, *npattn.linear_backward(y, x, w, b)]
+    m = npattn.matmul(x, np.swapaxes(x, -1, -2))
+    outs += [m, *npattn.matmul_backward(m, x, np.swapaxes(x, -1, -2))]
+    s = npattn.softmax(x, dim=1)
+    outs += [s, npattn.softmax_backward(x, s, dim=1)]
+    ls = npattn.log_softmax(x, dim=-1)
+    outs += [ls, npattn.log_softmax_backward(x, ls, dim=-1)]
+    outs += [npattn.dropout(x, 0.25, seed=3), npattn.dropout_backward(x, 0.25, seed=3)]
+    for o in outs:
+        digest.update(np.ascontiguousarray(o).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_results_do_not_depend_on_thread_count():
+    digests = {n: run_python(SCRIPT.format(threads=n), NUMBA_NUM_THREADS=str(n)).strip()
+               for n in (1, 2, 3)}
+    assert len(set(digests.values())) == 1, digests

@@ -1,0 +1,105 @@
+"""The Numba policy of npattn._jit: options, lazy compilation, and thread safety."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numba
+import pytest
+
+import npattn
+from npattn import _jit
+
+
+def run_python(code, **env):
+    """Run ``code`` in a fresh interpreter; a crash (abort, segfault) is a failed test."""
+    full_env = {**os.environ, **env}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=full_env, timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+def all_kernels():
+    """Every compiled entry point of npattn.kernels: parallel wrappers and serial dispatchers."""
+    import importlib
+    import pkgutil
+
+    import npattn.kernels as package
+    found = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"npattn.kernels.{info.name}")
+        for name, obj in vars(module).items():
+            if isinstance(obj, (_jit.ThreadSafeKernel, numba.core.registry.CPUDispatcher)):
+                found[f"{info.name}.{name}"] = obj
+    return found
+
+
+def test_fastmath_never_assumes_finite_math():
+    assert not {"nnan", "ninf", "fast"} & _jit.FASTMATH
+    assert _jit.OPTIONS["cache"] and _jit.OPTIONS["nogil"]
+    assert _jit.OPTIONS["error_model"] == "numpy"
+
+
+def test_every_kernel_takes_the_project_options():
+    kernels = all_kernels()
+    assert len(kernels) >= 6
+    for name, k in kernels.items():
+        dispatcher = k.dispatcher if isinstance(k, _jit.ThreadSafeKernel) else k
+        for option, value in _jit.OPTIONS.items():
+            if option == "cache":  # kept apart from the target options, as the cache object
+                assert not isinstance(dispatcher._cache, numba.core.caching.NullCache), name
+            else:
+                assert dispatcher.targetoptions.get(option) == value, f"{name}: {option}"
+
+
+def test_import_compiles_nothing():
+    out = run_python("""
+        import numba, npattn, importlib, pkgutil
+        import npattn.kernels as package
+        compiled = []
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module("npattn.kernels." + info.name)
+            for name, obj in vars(module).items():
+                d = getattr(obj, "dispatcher", obj)
+                if isinstance(d, numba.core.registry.CPUDispatcher) and d.signatures:
+                    compiled.append(name)
+        print("compiled:", compiled)
+    """)
+    assert "compiled: []" in out
+
+
+@pytest.mark.parametrize("layer", ["workqueue", "default"])
+def test_concurrent_calls_from_python_threads(layer):
+    """Numba's workqueue layer aborts the process when two threads launch a parallel kernel at
+    once; npattn's guard serialises them. With any layer, results are the single-thread bits."""
+    run_python("""
+        import threading
+        import numpy as np
+        import npattn
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((64, 96)).astype(np.float32)
+        w = rng.standard_normal((80, 96)).astype(np.float32)
+        calls = [lambda: npattn.linear(x, w),
+                 lambda: npattn.softmax(x, dim=-1),
+                 lambda: npattn.matmul(x, x.T),
+                 lambda: npattn.linear_backward(np.ones((64, 80), np.float32), x, w)[1],
+                 lambda: npattn.dropout(x, 0.3, seed=7)]
+        want = [c() for c in calls]
+        errors = []
+        def worker(t):
+            for i in range(150):
+                j = (t + i) % len(calls)
+                if not np.array_equal(calls[j](), want[j]):
+                    errors.append((t, i))
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        assert not errors, errors[:5]
+        print("layer", npattn._jit.threading_layer())
+    """, NUMBA_THREADING_LAYER=layer)
+
+
+def test_threading_layer_is_reported_once_launched():
+    npattn.softmax([[1.0, 2.0]])
+    assert _jit.threading_layer() in {"tbb", "omp", "workqueue"}
