@@ -5,7 +5,8 @@
 Both float32 implementations get the same float32 inputs; the truth is ``npattn.reference`` in
 float64 on those inputs. The error of an entry is measured in units of
 ``eps32 · (|want| + scale)``, where ``scale`` is the magnitude of the terms the entry sums
-(``|a|·|b|`` for a product, 1 for probabilities and log-probabilities): the unit in which
+(``|a|·|b|`` for a product; 0 for softmax's outputs, whose error is relative to each entry;
+1 for log_softmax's; the magnitudes of the terms of dx for the backwards): the unit in which
 summation error bounds are written. The table gives the median and the maximum over every
 entry of every output.
 """
@@ -58,21 +59,26 @@ def cases(rng, torch):
            reference.matmul_backward(*a64(dout, a, bm)))
 
     logits, dout = f32(256, 1024, s=10.0), f32(256, 1024)
-    ones = (np.ones(logits.shape),)
+    y64 = {"softmax": reference.softmax_forward(*f64(logits)),
+           "log_softmax": reference.log_softmax_forward(*f64(logits))}
+    fwd_scale = {"softmax": np.full(logits.shape, np.finfo(np.float32).tiny),  # relative error
+                 "log_softmax": np.ones(logits.shape)}
+    d64 = np.abs(dout.astype(np.float64))
+    p64 = np.exp(y64["log_softmax"])
+    bwd_scale = {"softmax": p64 * (d64 + (d64 * p64).sum(-1, keepdims=True)),  # |terms| of dx
+                 "log_softmax": d64 + p64 * d64.sum(-1, keepdims=True)}
     for name in ("softmax", "log_softmax"):
         ours_fwd = getattr(npattn, name)
-        truth_fwd = getattr(reference, f"{name}_forward")
         theirs = getattr(torch, name) if torch else None
         yield (f"{name} fwd [256,1024], σ=10", (ours_fwd(logits),),
                torch and (theirs(tt(logits)[0], -1).numpy(),),
-               (truth_fwd(*f64(logits)),), ones)
+               (y64[name],), (fwd_scale[name],))
         # backward from each implementation's own forward output, against the exact chain
-        out64 = truth_fwd(*f64(logits))
         yield (f"{name} bwd [256,1024]",
                (getattr(npattn, f"{name}_backward")(dout, ours_fwd(logits)),),
                torch and _torch_grads(torch, lambda t: theirs(t, -1), dout, logits),
-               (getattr(reference, f"{name}_backward")(*f64(dout), out64),),
-               (np.abs(dout).sum(-1, keepdims=True) * np.ones(logits.shape),))
+               (getattr(reference, f"{name}_backward")(*f64(dout), y64[name]),),
+               (bwd_scale[name],))
 
 
 def error_units(got, want, scale):
@@ -104,8 +110,8 @@ def main(argv=None):
     for label, ours, theirs in measure(args.seed):
         t = "n/a" if theirs is None else f"{theirs[0]:.3f} / {theirs[1]:.2f}"
         print(f"| {label} | {ours[0]:.3f} / {ours[1]:.2f} | {t} |")
-    print("\nUnits: eps32·(|want| + scale); scale = |a|·|b| for products, 1 for softmax outputs, "
-          "Σ|dout| for their gradients.")
+    print("\nUnits: eps32·(|want| + scale); scale = |a|·|b| for products, 0 for softmax outputs "
+          "(relative error), 1 for log_softmax outputs, |terms of dx| for the backwards.")
 
 
 if __name__ == "__main__":

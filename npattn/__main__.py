@@ -61,8 +61,13 @@ def article(seed=0, dtype=np.float32):
     p64 = {n: tuple(a.astype(np.float64) for a in wb) for n, wb in params.items()}
     q64, k64, v64 = (reference.linear_forward(x64, *p64[n]) for n in ("W_Q", "W_K", "W_V"))
     z64, _ = reference.attention_forward(q64, k64, v64)
-    err = np.max(np.abs(z - z64)) if z.size else 0.0
-    print(f"max |Z - Z_float64 reference| = {err:.2e}")
+    grads64 = reference.attention_backward(dz.astype(np.float64), q64, k64, v64)[:3]
+    dx64 = sum(reference.linear_backward(d, x64, *p64[name])[0]
+               for name, d in zip(("W_Q", "W_K", "W_V"), grads64))
+    err = max(np.max(np.abs(z - z64)), np.max(np.abs(dx - dx64)) / np.max(np.abs(dx64)))
+    print(f"max |Z - Z_float64| = {np.max(np.abs(z - z64)):.2e}, "
+          f"max |dX - dX_float64| / max |dX_float64| = "
+          f"{np.max(np.abs(dx - dx64)) / np.max(np.abs(dx64)):.2e}  (npattn.reference)")
     return err
 
 

@@ -6,10 +6,14 @@ Options
                          user cache directory when the install is read-only) and reloaded.
 ``nogil=True``           a kernel releases the GIL: other Python threads run meanwhile.
 ``error_model="numpy"``  division by zero gives inf/NaN as in NumPy instead of raising.
-``fastmath=FASTMATH``    fast-math *without* ``nnan`` and ``ninf``: attention masks are -inf and
-                         NaN must propagate, so LLVM may not assume either is absent. ``reassoc``
-                         lets LLVM vectorise a reduction into partial sums; the order is fixed at
-                         compile time, so results do not depend on the thread count.
+``fastmath=FASTMATH``    only ``contract`` (fused multiply-add) and ``reassoc`` (LLVM may
+                         vectorise a reduction into partial sums, in an order fixed at compile
+                         time, so results do not depend on the thread count). Never ``nnan`` or
+                         ``ninf``: attention masks are -inf and NaN must propagate. Not ``arcp``,
+                         ``nsz`` or ``afn`` either: together with ``reassoc`` they made a kernel
+                         compiled in this process and the same kernel loaded from Numba's disk
+                         cache give different bits (measured: log_softmax rows, 1 ulp) -- and
+                         the same inputs must give the same outputs.
 
 Threading policy
 ----------------
@@ -32,7 +36,7 @@ import threading
 import numba
 from numba import njit
 
-FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+FASTMATH = {"contract", "reassoc"}
 OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 
 #: A serial kernel; may also be called from other kernels.

@@ -1,4 +1,4 @@
-"""Every op gives bitwise the same results at any thread count (subprocess per count)."""
+"""Every op gives bitwise the same results at any thread count (a subprocess per count)."""
 import hashlib
 
 import pytest
@@ -32,7 +32,11 @@ print(digest.hexdigest())
 """
 
 
-def test_results_do_not_depend_on_thread_count():
-    digests = {n: run_python(SCRIPT.format(threads=n), NUMBA_NUM_THREADS=str(n)).strip()
+def test_results_do_not_depend_on_thread_count_or_the_cache(tmp_path):
+    """The first process compiles every kernel into an empty cache, the others load them from
+    it: the bits must not depend on the thread count, nor on compiled-here versus cached."""
+    cache = str(tmp_path / "numba-cache")
+    digests = {n: run_python(SCRIPT.format(threads=n), NUMBA_NUM_THREADS=str(n),
+                             NUMBA_CACHE_DIR=cache).strip()
                for n in (1, 2, 3)}
     assert len(set(digests.values())) == 1, digests

@@ -2,14 +2,16 @@
 Ba/Bb stored a- and b-matrices (broadcasting is an index map, never a copy), M rows, K inner,
 N columns.
 
-Accumulator: the input dtype (float32 sums in float32, as PyTorch does). Every inner loop runs
-over the contiguous last axis, so LLVM vectorises it; each output element is reduced by one
-iteration in a fixed order. These are the simple loops; the blocked GEMM engine
+Accumulator: the input dtype (float32 sums in float32, as PyTorch does), in blocks of
+``BLOCK`` terms (see ``kernels/linear.py``). Every inner loop runs over the contiguous last
+axis, so LLVM vectorises it; each output element is reduced by one iteration in a fixed order. These are the simple loops; the blocked GEMM engine
 (``kernels/gemm.py``) is where speed comes from.
 """
+import numpy as np
 from numba import prange
 
 from .._jit import parallel_kernel
+from .linear import BLOCK  # row sums are blocked: see kernels/linear.py
 
 
 @parallel_kernel
@@ -22,12 +24,16 @@ def matmul_forward_kernel(a, b, a_index, b_index, out):
         m = tm - t * n_rows
         ia = a_index[t]
         ib = b_index[t]
-        for n in range(n_cols):
-            out[t, m, n] = 0
-        for k in range(n_inner):              # out[t, m, :] += a[ia, m, k] * b[ib, k, :]
-            g = a[ia, m, k]
+        part = np.empty(n_cols, out.dtype)    # one block's partial sum of b's rows
+        out[t, m, :] = 0
+        for k0 in range(0, n_inner, BLOCK):
+            part[:] = 0
+            for k in range(k0, min(k0 + BLOCK, n_inner)):  # part += a[ia, m, k] * b[ib, k, :]
+                g = a[ia, m, k]
+                for n in range(n_cols):
+                    part[n] += g * b[ib, k, n]
             for n in range(n_cols):
-                out[t, m, n] += g * b[ib, k, n]
+                out[t, m, n] += part[n]
 
 
 @parallel_kernel
@@ -56,12 +62,16 @@ def matmul_backward_kernel(dout, a, b, a_index, b_index, a_order, a_offsets, b_o
     for ik in prange(n_b * n_inner):          # each iteration owns db[ib, k, :]
         ib = ik // n_inner
         k = ik - ib * n_inner
-        for n in range(n_cols):
-            db[ib, k, n] = 0
+        part = np.empty(n_cols, db.dtype)
+        db[ib, k, :] = 0
         for j in range(b_offsets[ib], b_offsets[ib + 1]):
             t = b_order[j]
             ia = a_index[t]
-            for m in range(n_rows):
-                g = a[ia, m, k]
+            for m0 in range(0, n_rows, BLOCK):
+                part[:] = 0
+                for m in range(m0, min(m0 + BLOCK, n_rows)):
+                    g = a[ia, m, k]
+                    for n in range(n_cols):
+                        part[n] += g * dout[t, m, n]
                 for n in range(n_cols):
-                    db[ib, k, n] += g * dout[t, m, n]
+                    db[ib, k, n] += part[n]
