@@ -15,6 +15,20 @@ Options
                          cache give different bits (measured: log_softmax rows, 1 ulp) -- and
                          the same inputs must give the same outputs.
 
+The SLP vectoriser
+------------------
+LLVM's SLP (superword-level parallelism) vectoriser fuses rows of scalar operations into SIMD
+instructions. Numba leaves it off by default; the GEMM micro-kernel keeps its tile of C in
+named scalars and is ~15× slower without it. So importing npattn turns it on for the process
+(``numba.config.SLP_VECTORIZE = 1``) unless the environment says otherwise with
+``NUMBA_SLP_VECTORIZE``. The setting is process-wide: Numba functions of your own compiled
+afterwards get it too (it changes speed, not results beyond reassociation you allowed).
+
+Numba's disk cache does not key on the setting, so a kernel compiled without SLP could later be
+served, slow, to a process that has it. npattn guards the cache both ways: while SLP is off,
+kernels are compiled without the cache (:class:`ThreadSafeKernel` keeps an uncached twin), so
+an entry in the cache was always compiled with SLP.
+
 Threading policy
 ----------------
 Numba runs ``prange`` loops on one of three threading layers, picked at the first parallel
@@ -31,16 +45,25 @@ all cores, so concurrent callers lose little. Note that GNU OpenMP (``omp``) is 
 fork a child before the first parallel call, or use the ``spawn`` start method.
 """
 import functools
+import os
 import threading
 
 import numba
 from numba import njit
+
+if "NUMBA_SLP_VECTORIZE" not in os.environ:
+    numba.config.SLP_VECTORIZE = 1
 
 FASTMATH = {"contract", "reassoc"}
 OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 
 #: A serial kernel; may also be called from other kernels.
 kernel = njit(**OPTIONS)
+
+#: The GEMM micro-kernel's options: fused multiply-add and nothing else. With ``reassoc``
+#: LLVM rewrites its k loop into gather-reductions and it runs several times slower
+#: (NUMBA_NOTES.md). A register tile of products needs no reassociation anyway.
+fma_kernel = njit(**{**OPTIONS, "fastmath": {"contract"}})
 
 _launch_lock = threading.Lock()
 _layer_is_concurrent = None  # None until the first parallel launch tells us the layer
@@ -58,21 +81,36 @@ def _launches_may_overlap():
     return _layer_is_concurrent
 
 
-class ThreadSafeKernel:
-    """A parallel Numba dispatcher, called under a lock when the threading layer needs one.
+def slp_enabled():
+    """Whether kernels compiled now get LLVM's SLP vectoriser (see the module docstring)."""
+    return bool(numba.config.SLP_VECTORIZE)
 
-    Attribute access (``signatures``, ``py_func``, ``compile``...) goes to the dispatcher.
+
+class ThreadSafeKernel:
+    """A parallel Numba dispatcher, called under a lock when the threading layer needs one,
+    and compiled without the disk cache while the SLP vectoriser is off.
+
+    Attribute access (``signatures``, ``py_func``, ``compile``...) goes to the cached dispatcher.
     """
 
     def __init__(self, dispatcher):
         self.dispatcher = dispatcher
+        self._uncached = None
         functools.update_wrapper(self, dispatcher.py_func)
 
+    def _target(self):
+        if slp_enabled():
+            return self.dispatcher
+        if self._uncached is None:
+            self._uncached = njit(parallel=True, **{**OPTIONS, "cache": False})(self.py_func)
+        return self._uncached
+
     def __call__(self, *args):
+        target = self._target()
         if _launches_may_overlap():
-            return self.dispatcher(*args)
+            return target(*args)
         with _launch_lock:
-            return self.dispatcher(*args)
+            return target(*args)
 
     def __getattr__(self, name):
         return getattr(self.dispatcher, name)

@@ -4,7 +4,8 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.linear import linear_backward_kernel, linear_forward_kernel
+from ..kernels.gemm import gemm
+from ..kernels.linear import column_sum_kernel
 
 
 def linear_forward(x, weight, bias=None):
@@ -17,10 +18,8 @@ def linear_forward(x, weight, bias=None):
     """
     x, weight, bias = _checks.linear_args(x, weight, bias)  # one float dtype, C-contiguous
     rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (N, Fin)
-    if bias is None:
-        bias = np.zeros(weight.shape[0], dtype=x.dtype)     # one kernel for both cases
     out = np.empty((rows.shape[0], weight.shape[0]), dtype=x.dtype)
-    linear_forward_kernel(rows, weight, bias, out)
+    gemm(rows, weight, out, bias=bias, trans_b=True)         # x·Wᵀ: W is read as Wᵀ
     return out.reshape(*x.shape[:-1], weight.shape[0])      # (..., Fout)
 
 
@@ -37,10 +36,14 @@ def linear_backward(dout, x, weight, bias=None):
     rows_x = x.reshape(n, x.shape[-1])                      # (N, Fin)
     rows_dout = dout.reshape(n, weight.shape[0])            # (N, Fout)
     dx = np.empty_like(rows_x)
+    gemm(rows_dout, weight, dx)                             # (N, Fout)·(Fout, Fin)
     dweight = np.empty_like(weight)
-    dbias = np.empty(weight.shape[0], dtype=x.dtype)
-    linear_backward_kernel(rows_dout, rows_x, weight, dx, dweight, dbias)
-    return dx.reshape(x.shape), dweight, (None if bias is None else dbias)
+    gemm(rows_dout, rows_x, dweight, trans_a=True)          # doutᵀ (Fout, N)·x (N, Fin)
+    dbias = None
+    if bias is not None:
+        dbias = np.empty(weight.shape[0], dtype=x.dtype)
+        column_sum_kernel(rows_dout, dbias)
+    return dx.reshape(x.shape), dweight, dbias
 
 
 linear = linear_forward

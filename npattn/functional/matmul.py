@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.matmul import matmul_backward_kernel, matmul_forward_kernel
+from ..kernels.gemm import gemm
 
 
 def _operands(a, b, batch):
@@ -35,15 +35,19 @@ def _operands(a, b, batch):
     return a3, b3, a_index, b_index, out_shape                                   # index (T,)
 
 
-def _users(index, count):
-    """CSR lists of the output batches that use each stored matrix, each in increasing order.
+def _sum_to(grad, batch, stored_batch, stored):
+    """Undo broadcasting: grad (T, R, C) per output batch -> (stored, R, C) per stored matrix.
 
-    The batches using matrix i are order[offsets[i]:offsets[i + 1]].
+    The batches that used one stored matrix are summed (NumPy's sum, in a fixed order); when
+    every output batch has its own matrix there is nothing to sum.
     """
-    order = np.argsort(index, kind="stable").astype(np.int64, copy=False)        # (T,)
-    offsets = np.zeros(count + 1, dtype=np.int64)                                # (count + 1,)
-    np.cumsum(np.bincount(index, minlength=count), out=offsets[1:])
-    return order, offsets
+    if grad.shape[0] == stored:
+        return grad
+    full = grad.reshape(batch + grad.shape[1:])                        # (*batch, R, C)
+    lead = len(batch) - len(stored_batch)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(stored_batch)
+                                      if n == 1 and batch[lead + i] != 1)
+    return full.sum(axis=axes).reshape((stored,) + grad.shape[1:])     # (stored, R, C)
 
 
 def matmul_forward(a, b):
@@ -59,7 +63,7 @@ def matmul_forward(a, b):
     a3, b3, a_index, b_index, out_shape = _operands(a, b, batch)
     t, m, n = a_index.shape[0], a3.shape[1], b3.shape[2]
     out = np.empty((t, m, n), dtype=a.dtype)                  # (T, M, N); folded: (1, Ba·M, N)
-    matmul_forward_kernel(a3, b3, a_index, b_index, out)
+    gemm(a3, b3, out, a_index=a_index, b_index=b_index)
     return out.reshape(out_shape)                             # (*batch, M, N), promoted dims gone
 
 
@@ -79,13 +83,18 @@ def matmul_backward(dout, a, b):
     _checks.exact_shape("dout", dout, out_shape,
                         f"to match the matmul of a {a.shape} and b {b.shape}")
     t, m, n = a_index.shape[0], a3.shape[1], b3.shape[2]
-    dout3 = _checks.contiguous(dout).reshape(t, m, n)       # (T, M, N); folded: (1, Ba·M, N)
-    a_order, a_offsets = _users(a_index, a3.shape[0])
-    b_order, b_offsets = _users(b_index, b3.shape[0])
-    da = np.empty(a3.shape, dtype=a.dtype)                    # (Ba, M, K)
-    db = np.empty(b3.shape, dtype=a.dtype)                    # (Bb, K, N)
-    matmul_backward_kernel(dout3, a3, b3, a_index, b_index, a_order, a_offsets, b_order,
-                           b_offsets, da, db)
+    k = a3.shape[2]
+    dout3 = _checks.contiguous(dout).reshape(t, m, n)         # (T, M, N); folded: (1, Ba·M, N)
+    per_t = np.arange(t, dtype=np.int64)
+    da = np.empty((t, m, k), dtype=a.dtype)                   # dout[t]·b[ib]ᵀ per output batch
+    gemm(dout3, b3, da, a_index=per_t, b_index=b_index, trans_b=True)
+    db = np.empty((t, k, n), dtype=a.dtype)                   # a[ia]ᵀ·dout[t] per output batch
+    gemm(a3, dout3, db, a_index=a_index, b_index=per_t, trans_a=True)
+    batch_a = a.shape[:-2] if a.ndim > 1 else ()
+    batch_b = b.shape[:-2] if b.ndim > 1 else ()
+    if t > 1 or batch:
+        da = _sum_to(da, batch, batch_a, a3.shape[0])
+        db = _sum_to(db, batch, batch_b, b3.shape[0])
     return da.reshape(a.shape), db.reshape(b.shape)
 
 

@@ -1,0 +1,205 @@
+"""The matrix-multiply engine: C[t] = op(A[a_index[t]]) · op(B[b_index[t]]) (+ bias) (+ C[t]).
+
+Every linear layer and every matrix product of npattn, forward and backward, runs here.
+Dims: T output batches, M rows of C, N columns, K the inner dim; op(X) is X or Xᵀ.
+
+The loop nest (BLIS's, with B packed once for the whole call)::
+
+    pack B          for every (b-matrix, K block, NR-wide column panel), in parallel:
+                    bp[ib, kb, panel] = the KC×NR slice of op(B), row-major, zero-padded
+    prange          over work items (t, row block of MC rows): each owns C[t, rows, :]
+      for kb        K blocks of KC                       (K order fixed: the same bits at
+        pack A        ap = the MC×kc slice of op(A),      any thread count)
+                      as MR-row strips, p-major, zero-padded
+        for panel     NR-wide column panels of C         (bp[ib, kb, panel]: KC×NR, ~L1)
+          for strip   MR-row strips of the block         (ap strip: kc×MR, ~L1)
+            micro     tile = strip · panel               (MR×NR accumulators in registers)
+            C[rows, cols] (=|+=) tile, clipped to C's edge  (first block: bias + tile)
+
+          ┌──────── N ────────┐          A strip (kc×MR) ─┐
+        ┌ ┌──┬──┬──┬──┐      │                            ▼
+        M │MR│  │  │  │ ... ← C tile (MR×NR) += Σ_p a[p, 0:MR] ⊗ b[p, 0:NR]
+        └ └──┴──┴──┴──┘                                    ▲
+                                           B panel (kc×NR) ┘
+
+Tile: MR×NR = 8×16 for both dtypes -- 8 float32 or 16 float64 AVX-512 accumulators; the
+measurements that chose it are in ``_gemm_generate.py``, which writes the micro-kernel. KC =
+256: a B panel (256×16 float32 = 16 KiB) stays in L1 while the A strips stream from L2. MC is
+chosen per call so that there are at least as many work items as threads and an A block stays
+within L2.
+
+Edges: the packed copies are zero-padded to whole tiles, so the micro-kernel never reads out of
+bounds; it writes its MR×NR tile to a scratch array, of which only the part inside C is added.
+
+Determinism: each C element is owned by one work item and summed as
+``((bias + Σ_{k in block 0}) + Σ_{k in block 1}) + ...``, each block's sum in k order, whatever
+the thread count or MC.
+
+Accumulator: the input dtype (float32 in float32, as OpenBLAS and PyTorch do).
+"""
+import numba
+import numpy as np
+from numba import prange
+
+from .._jit import fma_kernel, parallel_kernel
+from ._gemm_micro import MR, NR
+from ._gemm_micro import micro_kernel as _micro_source
+
+MICRO_DIGEST = "2209abd8db645113"  # of _gemm_micro.py: see _gemm_generate
+
+KC = 256
+MC_MAX = 192  # rows per work item at most: an A block of 192×256 float32 is 192 KiB
+#: Up to this many multiply-adds, A·Bᵀ (the linear layer's form) runs as plain dot products:
+#: packing costs more than it saves there (measured: 10×64×256 9 µs vs 19 µs packed; 64×64×256
+#: 28 vs 29; 64×128×256 48 vs 47). A·B and Aᵀ·B have no such fast unpacked form.
+SMALL = 1 << 20
+NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
+
+#: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR): the generated straight-line code.
+micro_kernel = fma_kernel(_micro_source)
+
+
+@parallel_kernel
+def gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
+    # a (Ba, M, K), or (Ba, K, M) if trans_a · b (Bb, K, N), or (Bb, N, K) if trans_b
+    # -> c (T, M, N); bias (N,) or (0,) for none; bp: packing space for all of op(B)
+    mr, nr = MR, NR
+    n_batch, n_rows, n_cols = c.shape
+    n_inner = b.shape[2] if trans_b else b.shape[1]
+    n_kb = (n_inner + KC - 1) // KC
+    n_panels = (n_cols + nr - 1) // nr
+    panel_size = KC * nr
+
+    # pack op(B): bp[((ib * n_kb + kb) * n_panels + panel) * KC * nr + p * nr + j]
+    # (indices go through views that start at 0: see _gemm_generate on negative-index checks)
+    for w in prange(b.shape[0] * n_kb * n_panels):    # each iteration owns one packed panel
+        ib = w // (n_kb * n_panels)
+        kb = (w // n_panels) % n_kb
+        j0 = (w % n_panels) * nr
+        k0 = kb * KC
+        kc = min(KC, n_inner - k0)
+        cols = min(nr, n_cols - j0)
+        panel = bp[w * panel_size:(w + 1) * panel_size]
+        panel[:] = 0                                 # zero padding past C's last column
+        if trans_b:                                  # op(B)[k, j] = b[ib, j, k]
+            for j in range(cols):
+                src = b[ib, j0 + j, k0:k0 + kc]
+                for p in range(kc):
+                    panel[p * nr + j] = src[p]
+        else:                                        # op(B)[k, j] = b[ib, k, j]
+            for p in range(kc):
+                src = b[ib, k0 + p, j0:j0 + cols]
+                dst = panel[p * nr:p * nr + cols]
+                for j in range(cols):
+                    dst[j] = src[j]
+
+    n_mb = (n_rows + mc - 1) // mc
+    has_bias = bias.shape[0] > 0
+    for w in prange(n_batch * n_mb):                 # each iteration owns C[t, i0:i0 + rows]
+        t = w // n_mb
+        i0 = (w % n_mb) * mc
+        rows = min(mc, n_rows - i0)
+        n_strips = (rows + mr - 1) // mr
+        ia = a_index[t]
+        ib = b_index[t]
+        ap = np.zeros(n_strips * KC * mr, c.dtype)  # the packed A block of this item
+        out = np.empty((mr, nr), c.dtype)           # one micro-kernel tile
+        if not accumulate:                          # C starts as the bias (or 0)
+            for i in range(rows):
+                crow = c[t, i0 + i]
+                for j in range(n_cols):
+                    crow[j] = bias[j] if has_bias else 0
+        for kb in range(n_kb):
+            k0 = kb * KC
+            kc = min(KC, n_inner - k0)
+            for s in range(n_strips):               # pack strip s: ap[(s * kc + p) * mr + i]
+                strip = ap[s * kc * mr:(s + 1) * kc * mr]
+                r0 = i0 + s * mr
+                valid = min(mr, n_rows - r0)        # rows past C's last stay as they were:
+                if trans_a:                         # their results are never stored
+                    for p in range(kc):             # op(A)[m, k] = a[ia, k, m]
+                        src = a[ia, k0 + p, r0:r0 + valid]
+                        for i in range(valid):
+                            strip[p * mr + i] = src[i]
+                else:                               # op(A)[m, k] = a[ia, m, k]
+                    for i in range(valid):
+                        src = a[ia, r0 + i, k0:k0 + kc]
+                        for p in range(kc):
+                            strip[p * mr + i] = src[p]
+            for panel in range(n_panels):
+                j0 = panel * nr
+                cols = min(nr, n_cols - j0)
+                b_off = ((ib * n_kb + kb) * n_panels + panel) * panel_size
+                for s in range(n_strips):
+                    micro_kernel(kc, ap[s * kc * mr:], bp[b_off:], out)
+                    r0 = i0 + s * mr
+                    for i in range(min(mr, n_rows - r0)):   # add the part inside C
+                        crow = c[t, r0 + i, j0:j0 + cols]
+                        for j in range(cols):
+                            crow[j] += out[i, j]
+
+
+@parallel_kernel
+def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
+    # C = A·Bᵀ for small problems, unpacked: each C element is one dot product of two
+    # contiguous rows, vectorised by LLVM into partial sums. a (Ba, M, K) · b (Bb, N, K)
+    n_batch, n_rows, n_cols = c.shape
+    n_inner = a.shape[2]
+    has_bias = bias.shape[0] > 0
+    for w in prange(n_batch * n_rows):              # each iteration owns C[t, m, :]
+        t = w // n_rows
+        arow = a[a_index[t], w % n_rows]
+        crow = c[t, w % n_rows]
+        for n in range(n_cols):
+            brow = b[b_index[t], n]
+            acc = c.dtype.type(0)
+            for k in range(n_inner):
+                acc += arow[k] * brow[k]
+            start = crow[n] if accumulate else (bias[n] if has_bias else c.dtype.type(0))
+            crow[n] = start + acc
+
+
+def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans_b=False,
+         accumulate=False):
+    """Run the engine: c[t] (=|+=) op(a[a_index[t]]) · op(b[b_index[t]]) (+ bias).
+
+    The functional layer's entry point; its arguments are already checked and C-contiguous.
+    a, b: 3-D stacks of matrices (or 2-D: one matrix); c: (T, M, N) (or (M, N)), written in
+    place. a_index, b_index: int64 (T,), default 0..T-1 (or all 0 when a stack holds one
+    matrix). Allocates the packing space and picks the row-block size MC (neither changes the
+    result's bits).
+    """
+    a3 = a.reshape((1,) + a.shape) if a.ndim == 2 else a
+    b3 = b.reshape((1,) + b.shape) if b.ndim == 2 else b
+    c3 = c.reshape((1,) + c.shape) if c.ndim == 2 else c
+    n_batch, n_rows, n_cols = c3.shape
+    a_index = _index(a_index, a3.shape[0], n_batch)
+    b_index = _index(b_index, b3.shape[0], n_batch)
+    mr, nr = MR, NR
+    n_inner = b3.shape[2] if trans_b else b3.shape[1]
+    if n_inner == 0 or c.size == 0:                 # an empty sum: C is the bias, or zero
+        if not accumulate:
+            c[...] = 0 if bias is None else bias
+        elif bias is not None:
+            c += bias
+        return c
+    if trans_b and not trans_a and n_rows * n_cols * n_inner * n_batch <= SMALL:
+        small_dot_kernel(a3, b3, c3, NO_BIAS[c.dtype] if bias is None else bias, a_index,
+                         b_index, accumulate)
+        return c
+    n_kb = -(-n_inner // KC)
+    bp = np.empty(b3.shape[0] * n_kb * -(-n_cols // nr) * KC * nr, c.dtype)
+    # enough items to keep every thread busy, each at most MC_MAX rows, in whole strips
+    blocks = max(-(-n_rows // MC_MAX), -(-numba.get_num_threads() // n_batch))
+    mc = mr * -(-(-(-n_rows // blocks)) // mr)
+    gemm_kernel(a3, b3, c3, NO_BIAS[c.dtype] if bias is None else bias, a_index, b_index,
+                trans_a, trans_b, accumulate, mc, bp)
+    return c
+
+
+def _index(index, stored, n_batch):
+    if index is not None:
+        return index
+    if stored == 1:
+        return np.zeros(n_batch, np.int64)
+    return np.arange(n_batch, dtype=np.int64)
