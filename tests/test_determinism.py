@@ -26,6 +26,11 @@ for dtype in (np.float32, np.float64):
     ls = npattn.log_softmax(x, dim=-1)
     outs += [ls, npattn.log_softmax_backward(x, ls, dim=-1)]
     outs += [npattn.dropout(x, 0.25, seed=3), npattn.dropout_backward(x, 0.25, seed=3)]
+    # big enough for the packed GEMM path: several row blocks and K blocks per call
+    xb = rng.standard_normal((300, 600)).astype(dtype)
+    wb = rng.standard_normal((90, 600)).astype(dtype)
+    yb = npattn.linear(xb, wb)
+    outs += [yb, *npattn.linear_backward(yb, xb, wb)[:2]]
     for o in outs:
         digest.update(np.ascontiguousarray(o).tobytes())
 print(digest.hexdigest())

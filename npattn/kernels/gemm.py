@@ -95,6 +95,7 @@ def gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, m
 
     n_mb = (n_rows + mc - 1) // mc
     has_bias = bias.shape[0] > 0
+    zero = c.dtype.type(0)
     for w in prange(n_batch * n_mb):                 # each iteration owns C[t, i0:i0 + rows]
         t = w // n_mb
         i0 = (w % n_mb) * mc
@@ -104,11 +105,11 @@ def gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, m
         ib = b_index[t]
         ap = np.zeros(n_strips * KC * mr, c.dtype)  # the packed A block of this item
         out = np.empty((mr, nr), c.dtype)           # one micro-kernel tile
-        if not accumulate:                          # C starts as the bias (or 0)
-            for i in range(rows):
-                crow = c[t, i0 + i]
-                for j in range(n_cols):
-                    crow[j] = bias[j] if has_bias else 0
+        for i in range(rows):                       # C starts as (C or 0) + (bias or 0)
+            crow = c[t, i0 + i]
+            for j in range(n_cols):
+                crow[j] = ((crow[j] if accumulate else zero) +
+                           (bias[j] if has_bias else zero))
         for kb in range(n_kb):
             k0 = kb * KC
             kc = min(KC, n_inner - k0)
@@ -146,6 +147,7 @@ def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
     n_batch, n_rows, n_cols = c.shape
     n_inner = a.shape[2]
     has_bias = bias.shape[0] > 0
+    zero = c.dtype.type(0)
     for w in prange(n_batch * n_rows):              # each iteration owns C[t, m, :]
         t = w // n_rows
         arow = a[a_index[t], w % n_rows]
@@ -155,8 +157,8 @@ def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
             acc = c.dtype.type(0)
             for k in range(n_inner):
                 acc += arow[k] * brow[k]
-            start = crow[n] if accumulate else (bias[n] if has_bias else c.dtype.type(0))
-            crow[n] = start + acc
+            crow[n] = ((crow[n] if accumulate else zero) + (bias[n] if has_bias else zero)
+                       + acc)
 
 
 def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans_b=False,

@@ -1,0 +1,141 @@
+"""The GEMM engine itself: every operand form, batch index, bias and accumulate mode, at sizes
+around its tile edges (MR = 8, NR = 16, KC = 256), on both its paths -- against float64 NumPy.
+
+The linear and matmul tests prove the engine through the public ops; these reach the corners
+those ops rarely hit (a K block boundary, a one-row edge strip, accumulate with bias).
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from closeness import assert_close
+from npattn import _jit
+from npattn.kernels import _gemm_generate, gemm as engine
+from strategies import dtypes, make_values
+from test_jit import run_python
+
+# sizes just below, at and above the tile edges, plus a few plain ones
+EDGE = [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 33]
+K_EDGE = [0, 1, 5, 255, 256, 257, 300, 513]
+
+
+@st.composite
+def gemm_cases(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dtype = draw(dtypes)
+    m = draw(st.sampled_from(EDGE) | st.integers(0, 70))
+    n = draw(st.sampled_from(EDGE) | st.integers(0, 70))
+    k = draw(st.sampled_from(K_EDGE) | st.integers(0, 40))
+    trans_a, trans_b = draw(st.sampled_from([(False, False), (False, True), (True, False)]))
+    stored_a, stored_b = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    n_batch = draw(st.integers(1, 4))
+    a_index = rng.integers(0, stored_a, n_batch).astype(np.int64)
+    b_index = rng.integers(0, stored_b, n_batch).astype(np.int64)
+    a = make_values(rng, (stored_a,) + ((k, m) if trans_a else (m, k)), dtype)
+    b = make_values(rng, (stored_b,) + ((n, k) if trans_b else (k, n)), dtype)
+    bias = draw(st.none() | st.just(make_values(rng, (n,), dtype)))
+    accumulate = draw(st.booleans())
+    c = make_values(rng, (n_batch, m, n), dtype)
+    path = draw(st.sampled_from(["auto", "packed"]))
+    return a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, path
+
+
+def truth(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    op_a = np.swapaxes(a64, -1, -2) if trans_a else a64
+    op_b = np.swapaxes(b64, -1, -2) if trans_b else b64
+    want = op_a[a_index] @ op_b[b_index]
+    scale = np.abs(op_a[a_index]) @ np.abs(op_b[b_index])
+    if bias is not None:
+        want, scale = want + bias, scale + np.abs(bias)
+    if accumulate:
+        want, scale = want + c, scale + np.abs(c)
+    return want, scale
+
+
+@given(case=gemm_cases())
+def test_gemm_matches_float64(case, monkeypatch_small):
+    a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, path = case
+    want, scale = truth(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate)
+    monkeypatch_small(0 if path == "packed" else engine.SMALL)
+    got = c.copy()
+    engine.gemm(a, b, got, bias=bias, a_index=a_index, b_index=b_index, trans_a=trans_a,
+                trans_b=trans_b, accumulate=accumulate)
+    k = b.shape[2] if trans_b else b.shape[1]
+    assert_close(got, want, dtype=a.dtype, n=k + 2, scale=scale)
+
+
+@pytest.fixture(scope="session")
+def monkeypatch_small():
+    """Set engine.SMALL for one example (0 forces the packed path); restored afterwards."""
+    original = engine.SMALL
+
+    def set_small(value):
+        engine.SMALL = value
+
+    yield set_small
+    engine.SMALL = original
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_both_paths_agree_on_the_linear_form(dtype):
+    """The unpacked small path and the packed path compute the same A·Bᵀ (up to rounding)."""
+    rng = np.random.default_rng(5)
+    a, b = make_values(rng, (37, 129), dtype), make_values(rng, (21, 129), dtype)
+    small, packed = np.empty((37, 21), dtype), np.empty((37, 21), dtype)
+    engine.gemm(a, b, small, trans_b=True)
+    saved, engine.SMALL = engine.SMALL, 0
+    try:
+        engine.gemm(a, b, packed, trans_b=True)
+    finally:
+        engine.SMALL = saved
+    assert_close(small, a.astype(np.float64) @ b.T.astype(np.float64), dtype=dtype, n=129,
+                 scale=np.abs(a.astype(np.float64)) @ np.abs(b.T.astype(np.float64)))
+    assert_close(packed, small.astype(np.float64), dtype=dtype, n=2 * 129,
+                 scale=np.abs(a.astype(np.float64)) @ np.abs(b.T.astype(np.float64)))
+
+
+def test_nan_and_inf_propagate_through_the_packed_path():
+    a = np.ones((20, 300), np.float32)
+    b = np.ones((300, 40), np.float32)
+    a[3, 7] = np.nan
+    b[9, 5] = np.inf
+    c = np.empty((20, 40), np.float32)
+    engine.gemm(a, b, c)
+    assert np.isnan(c[3]).all()
+    assert np.isinf(c[np.arange(20) != 3, 5]).all()
+    assert np.isfinite(np.delete(np.delete(c, 3, 0), 5, 1)).all()
+
+
+def test_generated_micro_kernel_is_up_to_date():
+    """_gemm_micro.py and gemm.py's digest line are what the generator writes now."""
+    assert _gemm_generate.main(["--check"]) == 0
+    proc = subprocess.run([sys.executable, "-m", "npattn.kernels._gemm_generate", "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "up to date" in proc.stdout
+
+
+def test_slp_vectoriser_is_on_after_import():
+    assert _jit.slp_enabled()
+
+
+def test_kernels_compiled_without_slp_never_enter_the_cache(tmp_path):
+    """Numba's cache does not key on the SLP setting: with SLP off, npattn compiles without
+    the cache, so a slow kernel can never be served to a process that has SLP."""
+    code = """
+        import numpy as np, npattn
+        x = np.ones((64, 300), np.float32)
+        w = np.ones((70, 300), np.float32)
+        npattn.matmul(x, w.T)                   # the packed path
+        print(npattn._jit.slp_enabled())
+    """
+    cache = tmp_path / "cache"
+    off = run_python(code, NUMBA_SLP_VECTORIZE="0", NUMBA_CACHE_DIR=str(cache))
+    assert off.strip() == "False"
+    assert not [p for p in cache.rglob("gemm.gemm_kernel*")], "SLP-off kernel was cached"
+    on = run_python(code, NUMBA_CACHE_DIR=str(cache))
+    assert on.strip() == "True"
+    assert [p for p in cache.rglob("gemm.gemm_kernel*")], "SLP-on kernel was not cached"
