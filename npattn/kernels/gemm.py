@@ -8,13 +8,14 @@ The loop nest (BLIS's, with B packed once for the whole call)::
     pack B          for every (b-matrix, K block, NR-wide column panel), in parallel:
                     bp[ib, kb, panel] = the KC×NR slice of op(B), row-major, zero-padded
     prange          over work items (t, row block of MC rows): each owns C[t, rows, :]
+      C rows        = (C or 0) + (bias or 0)
       for kb        K blocks of KC                       (K order fixed: the same bits at
         pack A        ap = the MC×kc slice of op(A),      any thread count)
-                      as MR-row strips, p-major, zero-padded
+                      as MR-row strips, p-major
         for panel     NR-wide column panels of C         (bp[ib, kb, panel]: KC×NR, ~L1)
-          for strip   MR-row strips of the block         (ap strip: kc×MR, ~L1)
+          for strip   MR-row strips of the block         (ap strip: kc×MR, from L2)
             micro     tile = strip · panel               (MR×NR accumulators in registers)
-            C[rows, cols] (=|+=) tile, clipped to C's edge  (first block: bias + tile)
+            C[rows, cols] += tile, clipped to C's edge
 
           ┌──────── N ────────┐          A strip (kc×MR) ─┐
         ┌ ┌──┬──┬──┬──┐      │                            ▼
@@ -28,12 +29,16 @@ measurements that chose it are in ``_gemm_generate.py``, which writes the micro-
 chosen per call so that there are at least as many work items as threads and an A block stays
 within L2.
 
-Edges: the packed copies are zero-padded to whole tiles, so the micro-kernel never reads out of
-bounds; it writes its MR×NR tile to a scratch array, of which only the part inside C is added.
+Edges: the packed copies hold whole tiles (B zero-padded; the rows of an A strip past C's last
+row keep whatever an earlier block left there), so the micro-kernel never reads out of bounds;
+it writes its MR×NR tile to a scratch array, of which only the part inside C is added.
 
 Determinism: each C element is owned by one work item and summed as
-``((bias + Σ_{k in block 0}) + Σ_{k in block 1}) + ...``, each block's sum in k order, whatever
-the thread count or MC.
+``(((C or 0) + (bias or 0)) + Σ_{k in block 0}) + Σ_{k in block 1} + ...``, each block's sum in
+k order, whatever the thread count or MC.
+
+Small A·Bᵀ products (the linear layer's form, up to ``SMALL`` multiply-adds) skip packing:
+``small_dot_kernel`` computes each element as one dot product.
 
 Accumulator: the input dtype (float32 in float32, as OpenBLAS and PyTorch do).
 """
