@@ -147,23 +147,62 @@ def gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, m
 
 @parallel_kernel
 def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
-    # C = A·Bᵀ for small problems, unpacked: each C element is one dot product of two
-    # contiguous rows, vectorised by LLVM into partial sums. a (Ba, M, K) · b (Bb, N, K)
+    # C = A·Bᵀ for small problems, unpacked: each C element is a dot product of two contiguous
+    # rows. A 2×4 block of C at a time shares each load (6 loads per 8 multiply-adds instead of
+    # 2 per 1; measured on the article's 10×512·512×64: 6.6 µs vs 9.4 µs for 1×4); LLVM
+    # vectorises each k loop into partial sums. a (Ba, M, K) · b (Bb, N, K) -> c (T, M, N)
     n_batch, n_rows, n_cols = c.shape
     n_inner = a.shape[2]
     has_bias = bias.shape[0] > 0
     zero = c.dtype.type(0)
-    for w in prange(n_batch * n_rows):              # each iteration owns C[t, m, :]
-        t = w // n_rows
-        arow = a[a_index[t], w % n_rows]
-        crow = c[t, w % n_rows]
-        for n in range(n_cols):
-            brow = b[b_index[t], n]
-            acc = c.dtype.type(0)
+    n_pairs = (n_rows + 1) // 2
+    for w in prange(n_batch * n_pairs):             # each iteration owns C[t, m:m + 2, :]
+        t = w // n_pairs
+        m = (w % n_pairs) * 2
+        rows = min(2, n_rows - m)
+        at = a[a_index[t]]
+        a0 = at[m]
+        a1 = at[m + rows - 1]                       # an odd last row is computed twice
+        bt = b[b_index[t]]
+        for i in range(rows):                       # C starts as (C or 0) + (bias or 0)
+            crow = c[t, m + i]
+            for n in range(n_cols):
+                crow[n] = (crow[n] if accumulate else zero) + (bias[n] if has_bias else zero)
+        c0 = c[t, m]
+        c1 = c[t, m + rows - 1]
+        for n0 in range(0, n_cols, 4):
+            n1 = min(n0 + 1, n_cols - 1)            # past the last column: recomputed, unstored
+            n2 = min(n0 + 2, n_cols - 1)
+            n3 = min(n0 + 3, n_cols - 1)
+            b0, b1, b2, b3 = bt[n0], bt[n1], bt[n2], bt[n3]
+            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
             for k in range(n_inner):
-                acc += arow[k] * brow[k]
-            crow[n] = ((crow[n] if accumulate else zero) + (bias[n] if has_bias else zero)
-                       + acc)
+                x0 = a0[k]
+                x1 = a1[k]
+                s00 += x0 * b0[k]
+                s01 += x0 * b1[k]
+                s02 += x0 * b2[k]
+                s03 += x0 * b3[k]
+                s10 += x1 * b0[k]
+                s11 += x1 * b1[k]
+                s12 += x1 * b2[k]
+                s13 += x1 * b3[k]
+            width = min(4, n_cols - n0)
+            c0[n0] += s00
+            if width > 1:
+                c0[n0 + 1] += s01
+            if width > 2:
+                c0[n0 + 2] += s02
+            if width > 3:
+                c0[n0 + 3] += s03
+            if rows == 2:
+                c1[n0] += s10
+                if width > 1:
+                    c1[n0 + 1] += s11
+                if width > 2:
+                    c1[n0 + 2] += s12
+                if width > 3:
+                    c1[n0 + 3] += s13
 
 
 def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans_b=False,
@@ -196,12 +235,24 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         return c
     n_kb = -(-n_inner // KC)
     bp = np.empty(b3.shape[0] * n_kb * -(-n_cols // nr) * KC * nr, c.dtype)
-    # enough items to keep every thread busy, each at most MC_MAX rows, in whole strips
-    blocks = max(-(-n_rows // MC_MAX), -(-numba.get_num_threads() // n_batch))
-    mc = mr * -(-(-(-n_rows // blocks)) // mr)
+    mc = _row_block(n_rows, n_batch, numba.get_num_threads())
     gemm_kernel(a3, b3, c3, NO_BIAS[c.dtype] if bias is None else bias, a_index, b_index,
                 trans_a, trans_b, accumulate, mc, bp)
     return c
+
+
+def _row_block(n_rows, n_batch, threads):
+    """MC: rows per work item, a whole number of strips, at most MC_MAX.
+
+    The work items (n_batch × row blocks) are shared out among the threads statically, so
+    their count is made a multiple of the thread count where the rows allow: 3 items on 2
+    threads leave one thread idle a third of the time (measured: n = 512, 131 vs 170 GFLOP/s).
+    """
+    strips = -(-n_rows // MR)
+    blocks = -(-n_rows // MC_MAX)
+    while (n_batch * blocks) % threads and blocks < strips:
+        blocks += 1
+    return MR * -(-strips // blocks)
 
 
 def _index(index, stored, n_batch):

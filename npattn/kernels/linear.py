@@ -10,18 +10,25 @@ from numba import prange
 
 from .._jit import parallel_kernel
 
-BLOCK = 64
+BLOCK = 64  # rows per partial sum
+COLS = 256  # columns per parallel work item: rows are read contiguously, a slice at a time
 
 
 @parallel_kernel
 def column_sum_kernel(x, out):
     # x (N, Fout) -> out (Fout,): out[o] = sum_n x[n, o], e.g. dbias from dout
     n_rows, n_cols = x.shape
-    for o in prange(n_cols):                   # each iteration owns out[o]
-        total = out.dtype.type(0)
-        for n0 in range(0, n_rows, BLOCK):
-            part = out.dtype.type(0)
+    for blk in prange((n_cols + COLS - 1) // COLS):   # each iteration owns COLS entries of out
+        o0 = blk * COLS
+        width = min(COLS, n_cols - o0)
+        total = out[o0:o0 + width]
+        part = np.empty(width, out.dtype)
+        total[:] = 0
+        for n0 in range(0, n_rows, BLOCK):            # rows in blocks, each block's sum apart
+            part[:] = 0
             for n in range(n0, min(n0 + BLOCK, n_rows)):
-                part += x[n, o]
-            total += part
-        out[o] = total
+                row = x[n, o0:o0 + width]             # contiguous: vectorised over columns
+                for o in range(width):
+                    part[o] += row[o]
+            for o in range(width):
+                total[o] += part[o]
