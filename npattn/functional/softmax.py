@@ -30,6 +30,23 @@ def _unrows(rows, like, axis):
     return np.moveaxis(rows.reshape(last), -1, axis).reshape(like.shape)   # like's shape
 
 
+def _forward(x, dim, log):
+    x, axis = _checks.softmax_args(x, dim)                   # float32/float64, axis >= 0
+    rows = _rows(x, axis)                                    # (N, C)
+    out = np.empty_like(rows)                                # (N, C)
+    softmax_forward_kernel(rows, out, log)
+    return _unrows(out, x, axis)                             # x's shape
+
+
+def _backward(kernel, dout, out, dim):
+    dout, out, axis = _checks.softmax_backward_args(dout, out, dim)
+    rows_dout = _rows(dout, axis)                            # (N, C)
+    rows_out = _rows(out, axis)                              # (N, C)
+    dx = np.empty_like(rows_out)                             # (N, C)
+    kernel(rows_dout, rows_out, dx)
+    return _unrows(dx, out, axis)                            # out's shape
+
+
 def softmax_forward(x, dim=-1):
     """softmax(x)_j = exp(x_j - m) / Σ_k exp(x_k - m) along ``dim``, with m = max_k x_k.
 
@@ -42,11 +59,7 @@ def softmax_forward(x, dim=-1):
 
     The article's example: softmax([2, 4, 4]) = [0.0634, 0.4683, 0.4683].
     """
-    x, axis = _checks.softmax_args(x, dim)                   # float32/float64, axis >= 0
-    rows = _rows(x, axis)                                    # (N, C)
-    out = np.empty_like(rows)                                # (N, C)
-    softmax_forward_kernel(rows, out, False)
-    return _unrows(out, x, axis)                             # x's shape
+    return _forward(x, dim, log=False)
 
 
 def softmax_backward(dout, out, dim=-1):
@@ -57,12 +70,7 @@ def softmax_backward(dout, out, dim=-1):
     The Jacobian-vector product in O(row), never the C×C Jacobian. A fully masked row has
     y = 0 and so gets dx = 0 (PyTorch: NaN), as PyTorch SDPA since 2.5.
     """
-    dout, out, axis = _checks.softmax_backward_args(dout, out, dim)
-    rows_dout = _rows(dout, axis)                            # (N, C)
-    rows_out = _rows(out, axis)                              # (N, C)
-    dx = np.empty_like(rows_out)                             # (N, C)
-    softmax_backward_kernel(rows_dout, rows_out, dx)
-    return _unrows(dx, out, axis)                            # out's shape
+    return _backward(softmax_backward_kernel, dout, out, dim)
 
 
 def log_softmax_forward(x, dim=-1):
@@ -74,11 +82,7 @@ def log_softmax_forward(x, dim=-1):
     entry -inf) stays -inf, not PyTorch's NaN: the log of softmax's zeros, PyTorch SDPA's rule
     since 2.5. A NaN makes its row NaN. A 0-d x gives 0, an empty dim an empty result.
     """
-    x, axis = _checks.softmax_args(x, dim)                   # float32/float64, axis >= 0
-    rows = _rows(x, axis)                                    # (N, C)
-    out = np.empty_like(rows)                                # (N, C)
-    softmax_forward_kernel(rows, out, True)
-    return _unrows(out, x, axis)                             # x's shape
+    return _forward(x, dim, log=True)
 
 
 def log_softmax_backward(dout, out, dim=-1):
@@ -89,12 +93,7 @@ def log_softmax_backward(dout, out, dim=-1):
     O(row), never the Jacobian. A fully masked row -- every entry of ``out`` -inf -- gets
     dx = 0 (PyTorch: NaN; the formula alone would pass dout through), as PyTorch SDPA since 2.5.
     """
-    dout, out, axis = _checks.softmax_backward_args(dout, out, dim)
-    rows_dout = _rows(dout, axis)                            # (N, C)
-    rows_out = _rows(out, axis)                              # (N, C)
-    dx = np.empty_like(rows_out)                             # (N, C)
-    log_softmax_backward_kernel(rows_dout, rows_out, dx)
-    return _unrows(dx, out, axis)                            # out's shape
+    return _backward(log_softmax_backward_kernel, dout, out, dim)
 
 
 softmax = softmax_forward
