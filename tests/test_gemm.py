@@ -4,6 +4,7 @@ around its tile edges (MR = 8, NR = 16, KC = 256), on both its paths -- against 
 The linear and matmul tests prove the engine through the public ops; these reach the corners
 those ops rarely hit (a K block boundary, a one-row edge strip, accumulate with bias).
 """
+import contextlib
 import subprocess
 import sys
 
@@ -39,7 +40,7 @@ def gemm_cases(draw):
     bias = draw(st.none() | st.just(make_values(rng, (n,), dtype)))
     accumulate = draw(st.booleans())
     c = make_values(rng, (n_batch, m, n), dtype)
-    path = draw(st.sampled_from(["auto", "packed"]))
+    path = draw(st.sampled_from(["auto", "packed", "batched"]))
     return a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, path
 
 
@@ -56,46 +57,67 @@ def truth(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
     return want, scale
 
 
-@given(case=gemm_cases())
-def test_gemm_matches_float64(case, monkeypatch_small):
-    a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, path = case
-    want, scale = truth(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate)
-    monkeypatch_small(0 if path == "packed" else engine.SMALL)
+PATHS = {  # (SMALL, BATCHED) forcing each of the engine's three kernels
+    "auto": (engine.SMALL, engine.BATCHED),
+    "packed": (0, 1 << 30),        # gemm_kernel: all of B packed up front
+    "batched": (0, 0),             # batched_gemm_kernel: one work item per output batch
+}
+
+
+@contextlib.contextmanager
+def forced(path):
+    """Force one of the engine's kernels; the thresholds are restored afterwards."""
+    saved = engine.SMALL, engine.BATCHED
+    engine.SMALL, engine.BATCHED = PATHS[path]
+    try:
+        yield
+    finally:
+        engine.SMALL, engine.BATCHED = saved
+
+
+def run_gemm(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
     got = c.copy()
     engine.gemm(a, b, got, bias=bias, a_index=a_index, b_index=b_index, trans_a=trans_a,
                 trans_b=trans_b, accumulate=accumulate)
+    return got
+
+
+@given(case=gemm_cases())
+def test_gemm_matches_float64(case):
+    *args, path = case
+    with forced(path):
+        got = run_gemm(*args)
+    a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate = args
+    want, scale = truth(*args)
     k = b.shape[2] if trans_b else b.shape[1]
     assert_close(got, want, dtype=a.dtype, n=k + 2, scale=scale)
 
 
-@pytest.fixture(scope="session")
-def monkeypatch_small():
-    """Set engine.SMALL for one example (0 forces the packed path); restored afterwards."""
-    original = engine.SMALL
-
-    def set_small(value):
-        engine.SMALL = value
-
-    yield set_small
-    engine.SMALL = original
+@given(case=gemm_cases())
+def test_packed_and_batched_kernels_give_the_same_bits(case):
+    """The engine picks a kernel by the batch count and the thread count; both sum in the same
+    order, so which one ran never shows in the result."""
+    *args, _ = case
+    with forced("packed"):
+        packed = run_gemm(*args)
+    with forced("batched"):
+        batched = run_gemm(*args)
+    np.testing.assert_array_equal(packed, batched)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_both_paths_agree_on_the_linear_form(dtype):
+def test_small_and_packed_paths_agree_on_the_linear_form(dtype):
     """The unpacked small path and the packed path compute the same A·Bᵀ (up to rounding)."""
     rng = np.random.default_rng(5)
     a, b = make_values(rng, (37, 129), dtype), make_values(rng, (21, 129), dtype)
     small, packed = np.empty((37, 21), dtype), np.empty((37, 21), dtype)
     engine.gemm(a, b, small, trans_b=True)
-    saved, engine.SMALL = engine.SMALL, 0
-    try:
+    with forced("packed"):
         engine.gemm(a, b, packed, trans_b=True)
-    finally:
-        engine.SMALL = saved
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.T.astype(np.float64))
     assert_close(small, a.astype(np.float64) @ b.T.astype(np.float64), dtype=dtype, n=129,
-                 scale=np.abs(a.astype(np.float64)) @ np.abs(b.T.astype(np.float64)))
-    assert_close(packed, small.astype(np.float64), dtype=dtype, n=2 * 129,
-                 scale=np.abs(a.astype(np.float64)) @ np.abs(b.T.astype(np.float64)))
+                 scale=scale)
+    assert_close(packed, small.astype(np.float64), dtype=dtype, n=2 * 129, scale=scale)
 
 
 def test_nan_and_inf_propagate_through_the_packed_path():

@@ -46,7 +46,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .._jit import fma_kernel, parallel_kernel
+from .._jit import fma_kernel, kernel, parallel_kernel
 from ._gemm_micro import MR, NR
 from ._gemm_micro import micro_kernel as _micro_source
 
@@ -58,91 +58,135 @@ MC_MAX = 192  # rows per work item at most: an A block of 192×256 float32 is 19
 #: packing costs more than it saves there (measured: 10×64×256 9 µs vs 19 µs packed; 64×64×256
 #: 28 vs 29; 64×128×256 48 vs 47). A·B and Aᵀ·B have no such fast unpacked form.
 SMALL = 1 << 20
+BATCHED = 4  # output batches per thread from which each batch is one work item (see below)
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
 
 #: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR): the generated straight-line code.
 micro_kernel = fma_kernel(_micro_source)
 
 
+@kernel
+def pack_b_panel(b, ib, trans_b, k0, kc, j0, cols, panel):
+    # panel (KC·NR,) <- the kc×NR slice of op(B) at (k0, j0), row-major, zero-padded past C's
+    # last column. Indices go through views that start at 0 (see _gemm_generate on why).
+    panel[:] = 0
+    if trans_b:                                      # op(B)[k, j] = b[ib, j, k]
+        for j in range(cols):
+            src = b[ib, j0 + j, k0:k0 + kc]
+            for p in range(kc):
+                panel[p * NR + j] = src[p]
+    else:                                            # op(B)[k, j] = b[ib, k, j]
+        for p in range(kc):
+            src = b[ib, k0 + p, j0:j0 + cols]
+            dst = panel[p * NR:p * NR + cols]
+            for j in range(cols):
+                dst[j] = src[j]
+
+
+@kernel
+def pack_a_block(a, ia, trans_a, r0, rows, k0, kc, ap):
+    # ap <- rows r0 .. r0 + rows of op(A), columns k0 .. k0 + kc, as MR-row strips: strip s
+    # holds ap[(s * kc + p) * MR + i]. Rows past the block's end keep stale values: their
+    # results are never stored.
+    for s in range((rows + MR - 1) // MR):
+        strip = ap[s * kc * MR:(s + 1) * kc * MR]
+        valid = min(MR, rows - s * MR)
+        if trans_a:                                  # op(A)[m, k] = a[ia, k, m]
+            for p in range(kc):
+                src = a[ia, k0 + p, r0 + s * MR:r0 + s * MR + valid]
+                for i in range(valid):
+                    strip[p * MR + i] = src[i]
+        else:                                        # op(A)[m, k] = a[ia, m, k]
+            for i in range(valid):
+                src = a[ia, r0 + s * MR + i, k0:k0 + kc]
+                for p in range(kc):
+                    strip[p * MR + i] = src[p]
+
+
+@kernel
+def start_rows(ct, r0, rows, bias, accumulate):
+    # C rows r0 .. r0 + rows start as (C or 0) + (bias or 0)
+    zero = ct.dtype.type(0)
+    has_bias = bias.shape[0] > 0
+    for i in range(rows):
+        crow = ct[r0 + i]
+        for j in range(crow.shape[0]):
+            crow[j] = (crow[j] if accumulate else zero) + (bias[j] if has_bias else zero)
+
+
+@kernel
+def block_product(ap, panels, kc, ct, r0, rows, out):
+    # ct[r0 .. r0 + rows, :] += (packed A block) · (packed K block of op(B), all panels)
+    n_cols = ct.shape[1]
+    for panel in range((n_cols + NR - 1) // NR):
+        j0 = panel * NR
+        cols = min(NR, n_cols - j0)
+        bpanel = panels[panel * KC * NR:(panel + 1) * KC * NR]
+        for s in range((rows + MR - 1) // MR):
+            micro_kernel(kc, ap[s * kc * MR:], bpanel, out)
+            for i in range(min(MR, rows - s * MR)):      # add the part inside C
+                crow = ct[r0 + s * MR + i, j0:j0 + cols]
+                for j in range(cols):
+                    crow[j] += out[i, j]
+
+
 @parallel_kernel
 def gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
     # a (Ba, M, K), or (Ba, K, M) if trans_a · b (Bb, K, N), or (Bb, N, K) if trans_b
     # -> c (T, M, N); bias (N,) or (0,) for none; bp: packing space for all of op(B)
-    mr, nr = MR, NR
     n_batch, n_rows, n_cols = c.shape
     n_inner = b.shape[2] if trans_b else b.shape[1]
     n_kb = (n_inner + KC - 1) // KC
-    n_panels = (n_cols + nr - 1) // nr
-    panel_size = KC * nr
-
-    # pack op(B): bp[((ib * n_kb + kb) * n_panels + panel) * KC * nr + p * nr + j]
-    # (indices go through views that start at 0: see _gemm_generate on negative-index checks)
+    n_panels = (n_cols + NR - 1) // NR
+    panel_size = KC * NR
+    # pack all of op(B): bp[((ib * n_kb + kb) * n_panels + panel) * KC * NR + p * NR + j]
     for w in prange(b.shape[0] * n_kb * n_panels):    # each iteration owns one packed panel
-        ib = w // (n_kb * n_panels)
         kb = (w // n_panels) % n_kb
-        j0 = (w % n_panels) * nr
-        k0 = kb * KC
-        kc = min(KC, n_inner - k0)
-        cols = min(nr, n_cols - j0)
-        panel = bp[w * panel_size:(w + 1) * panel_size]
-        panel[:] = 0                                 # zero padding past C's last column
-        if trans_b:                                  # op(B)[k, j] = b[ib, j, k]
-            for j in range(cols):
-                src = b[ib, j0 + j, k0:k0 + kc]
-                for p in range(kc):
-                    panel[p * nr + j] = src[p]
-        else:                                        # op(B)[k, j] = b[ib, k, j]
-            for p in range(kc):
-                src = b[ib, k0 + p, j0:j0 + cols]
-                dst = panel[p * nr:p * nr + cols]
-                for j in range(cols):
-                    dst[j] = src[j]
-
+        j0 = (w % n_panels) * NR
+        pack_b_panel(b, w // (n_kb * n_panels), trans_b, kb * KC, min(KC, n_inner - kb * KC),
+                     j0, min(NR, n_cols - j0), bp[w * panel_size:(w + 1) * panel_size])
     n_mb = (n_rows + mc - 1) // mc
-    has_bias = bias.shape[0] > 0
-    zero = c.dtype.type(0)
     for w in prange(n_batch * n_mb):                 # each iteration owns C[t, i0:i0 + rows]
         t = w // n_mb
         i0 = (w % n_mb) * mc
         rows = min(mc, n_rows - i0)
-        n_strips = (rows + mr - 1) // mr
-        ia = a_index[t]
-        ib = b_index[t]
-        ap = np.zeros(n_strips * KC * mr, c.dtype)  # the packed A block of this item
-        out = np.empty((mr, nr), c.dtype)           # one micro-kernel tile
-        for i in range(rows):                       # C starts as (C or 0) + (bias or 0)
-            crow = c[t, i0 + i]
-            for j in range(n_cols):
-                crow[j] = ((crow[j] if accumulate else zero) +
-                           (bias[j] if has_bias else zero))
+        ap = np.zeros(mc * KC, c.dtype)             # the packed A block of this item
+        out = np.empty((MR, NR), c.dtype)           # one micro-kernel tile
+        start_rows(c[t], i0, rows, bias, accumulate)
+        for kb in range(n_kb):
+            kc = min(KC, n_inner - kb * KC)
+            pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
+            first = (b_index[t] * n_kb + kb) * n_panels * panel_size
+            block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out)
+
+
+@parallel_kernel
+def batched_gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc):
+    # The same product when there are many output batches: each iteration owns one whole C[t]
+    # and packs its own B, one K block at a time, into a buffer that stays in cache -- instead
+    # of packing all of B up front (for a batched backward, a copy of a 32 MiB operand).
+    # The sums run in the same order as gemm_kernel's: the same bits.
+    n_batch, n_rows, n_cols = c.shape
+    n_inner = b.shape[2] if trans_b else b.shape[1]
+    n_kb = (n_inner + KC - 1) // KC
+    n_panels = (n_cols + NR - 1) // NR
+    panel_size = KC * NR
+    for t in prange(n_batch):                        # each iteration owns C[t]
+        panels = np.empty(n_panels * panel_size, c.dtype)
+        ap = np.zeros(mc * KC, c.dtype)
+        out = np.empty((MR, NR), c.dtype)
+        start_rows(c[t], 0, n_rows, bias, accumulate)
         for kb in range(n_kb):
             k0 = kb * KC
             kc = min(KC, n_inner - k0)
-            for s in range(n_strips):               # pack strip s: ap[(s * kc + p) * mr + i]
-                strip = ap[s * kc * mr:(s + 1) * kc * mr]
-                r0 = i0 + s * mr
-                valid = min(mr, n_rows - r0)        # rows past C's last stay as they were:
-                if trans_a:                         # their results are never stored
-                    for p in range(kc):             # op(A)[m, k] = a[ia, k, m]
-                        src = a[ia, k0 + p, r0:r0 + valid]
-                        for i in range(valid):
-                            strip[p * mr + i] = src[i]
-                else:                               # op(A)[m, k] = a[ia, m, k]
-                    for i in range(valid):
-                        src = a[ia, r0 + i, k0:k0 + kc]
-                        for p in range(kc):
-                            strip[p * mr + i] = src[p]
             for panel in range(n_panels):
-                j0 = panel * nr
-                cols = min(nr, n_cols - j0)
-                b_off = ((ib * n_kb + kb) * n_panels + panel) * panel_size
-                for s in range(n_strips):
-                    micro_kernel(kc, ap[s * kc * mr:], bp[b_off:], out)
-                    r0 = i0 + s * mr
-                    for i in range(min(mr, n_rows - r0)):   # add the part inside C
-                        crow = c[t, r0 + i, j0:j0 + cols]
-                        for j in range(cols):
-                            crow[j] += out[i, j]
+                j0 = panel * NR
+                pack_b_panel(b, b_index[t], trans_b, k0, kc, j0, min(NR, n_cols - j0),
+                             panels[panel * panel_size:(panel + 1) * panel_size])
+            for i0 in range(0, n_rows, mc):
+                rows = min(mc, n_rows - i0)
+                pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
+                block_product(ap, panels, kc, c[t], i0, rows, out)
 
 
 @parallel_kernel
@@ -234,10 +278,16 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
                          b_index, accumulate)
         return c
     n_kb = -(-n_inner // KC)
+    threads = numba.get_num_threads()
+    bias = NO_BIAS[c.dtype] if bias is None else bias
+    if n_batch >= BATCHED * threads:
+        mc = MR * -(-min(n_rows, MC_MAX) // MR)
+        batched_gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate,
+                            mc)
+        return c
     bp = np.empty(b3.shape[0] * n_kb * -(-n_cols // nr) * KC * nr, c.dtype)
-    mc = _row_block(n_rows, n_batch, numba.get_num_threads())
-    gemm_kernel(a3, b3, c3, NO_BIAS[c.dtype] if bias is None else bias, a_index, b_index,
-                trans_a, trans_b, accumulate, mc, bp)
+    mc = _row_block(n_rows, n_batch, threads)
+    gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp)
     return c
 
 
