@@ -30,8 +30,9 @@ chosen per call so that there are at least as many work items as threads and an 
 within L2.
 
 Edges: the packed copies hold whole tiles (B zero-padded; the rows of an A strip past C's last
-row keep whatever an earlier block left there), so the micro-kernel never reads out of bounds;
-it writes its MR×NR tile to a scratch array, of which only the part inside C is added.
+row hold whatever the buffer held, and their results are never stored), so the micro-kernel
+never reads out of bounds; it writes its MR×NR tile to a scratch array, of which only the part
+inside C is added.
 
 Determinism: each C element is owned by one work item and summed as
 ``(((C or 0) + (bias or 0)) + Σ_{k in block 0}) + Σ_{k in block 1} + ...``, each block's sum in
@@ -150,7 +151,7 @@ def gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, m
         t = w // n_mb
         i0 = (w % n_mb) * mc
         rows = min(mc, n_rows - i0)
-        ap = np.zeros(mc * KC, c.dtype)             # the packed A block of this item
+        ap = np.empty(mc * KC, c.dtype)             # the packed A block of this item
         out = np.empty((MR, NR), c.dtype)           # one micro-kernel tile
         start_rows(c[t], i0, rows, bias, accumulate)
         for kb in range(n_kb):
@@ -173,7 +174,7 @@ def batched_gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accum
     panel_size = KC * NR
     for t in prange(n_batch):                        # each iteration owns C[t]
         panels = np.empty(n_panels * panel_size, c.dtype)
-        ap = np.zeros(mc * KC, c.dtype)
+        ap = np.empty(mc * KC, c.dtype)
         out = np.empty((MR, NR), c.dtype)
         start_rows(c[t], 0, n_rows, bias, accumulate)
         for kb in range(n_kb):
