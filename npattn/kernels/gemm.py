@@ -59,7 +59,7 @@ MC_MAX = 192  # rows per work item at most: an A block of 192×256 float32 is 19
 #: packing costs more than it saves there (measured: 10×64×256 9 µs vs 19 µs packed; 64×64×256
 #: 28 vs 29; 64×128×256 48 vs 47). A·B and Aᵀ·B have no such fast unpacked form.
 SMALL = 1 << 20
-BATCHED = 4  # output batches per thread from which each batch is one work item (see below)
+BATCHED = 4  # output batches per thread from which batched_gemm_kernel takes over
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
 
 #: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR): the generated straight-line code.
@@ -266,7 +266,6 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
     n_batch, n_rows, n_cols = c3.shape
     a_index = _index(a_index, a3.shape[0], n_batch)
     b_index = _index(b_index, b3.shape[0], n_batch)
-    mr, nr = MR, NR
     n_inner = b3.shape[2] if trans_b else b3.shape[1]
     if n_inner == 0 or c.size == 0:                 # an empty sum: C is the bias, or zero
         if not accumulate:
@@ -274,21 +273,20 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         elif bias is not None:
             c += bias
         return c
-    if trans_b and not trans_a and n_rows * n_cols * n_inner * n_batch <= SMALL:
-        small_dot_kernel(a3, b3, c3, NO_BIAS[c.dtype] if bias is None else bias, a_index,
-                         b_index, accumulate)
-        return c
-    n_kb = -(-n_inner // KC)
-    threads = numba.get_num_threads()
     bias = NO_BIAS[c.dtype] if bias is None else bias
+    if trans_b and not trans_a and n_rows * n_cols * n_inner * n_batch <= SMALL:
+        small_dot_kernel(a3, b3, c3, bias, a_index, b_index, accumulate)
+        return c
+    threads = numba.get_num_threads()
     if n_batch >= BATCHED * threads:
         mc = MR * -(-min(n_rows, MC_MAX) // MR)
         batched_gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate,
                             mc)
         return c
-    bp = np.empty(b3.shape[0] * n_kb * -(-n_cols // nr) * KC * nr, c.dtype)
+    packed_b = b3.shape[0] * -(-n_inner // KC) * -(-n_cols // NR) * KC * NR
     mc = _row_block(n_rows, n_batch, threads)
-    gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp)
+    gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
+                np.empty(packed_b, c.dtype))
     return c
 
 
