@@ -60,9 +60,9 @@ OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 #: A serial kernel; may also be called from other kernels.
 kernel = njit(**OPTIONS)
 
-#: The GEMM micro-kernel's options: fused multiply-add and nothing else. With ``reassoc``
-#: LLVM rewrites its k loop into gather-reductions and it runs several times slower
-#: (NUMBA_NOTES.md). A register tile of products needs no reassociation anyway.
+#: Fused multiply-add and nothing else, for kernels whose order of operations is the point:
+#: the GEMM micro-kernel (with ``reassoc`` LLVM rewrites its k loop into gather-reductions and
+#: it runs several times slower, NUMBA_NOTES.md) and the polynomial of ``kernels/exp.py``.
 fma_kernel = njit(**{**OPTIONS, "fastmath": {"contract"}})
 
 _launch_lock = threading.Lock()

