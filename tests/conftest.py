@@ -15,6 +15,8 @@ settings.register_profile("dev", max_examples=25, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("boundscheck", max_examples=10, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])  # test_boundscheck.py
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if is_in_ci() else "dev"))
 
 
