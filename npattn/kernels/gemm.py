@@ -12,10 +12,11 @@ The loop nest (BLIS's, with B packed once for the whole call)::
       for kb        K blocks of KC                       (K order fixed: the same bits at
         pack A        ap = the MC×kc slice of op(A),      any thread count)
                       as MR-row strips, p-major
-        for panel     NR-wide column panels of C         (bp[ib, kb, panel]: KC×NR, ~L1)
-          for strip   MR-row strips of the block         (ap strip: kc×MR, from L2)
-            micro     tile = strip · panel               (MR×NR accumulators in registers)
-            C[rows, cols] += tile, clipped to C's edge
+        for chunk     NC-wide column chunks of C         (KC×NC of packed B: ~L2)
+          for strip   MR-row strips of the block         (ap strip: kc×MR, ~L1)
+            for panel NR-wide column panels of the chunk (bp[ib, kb, panel]: KC×NR)
+              micro   tile = strip · panel               (MR×NR accumulators in registers)
+              C[rows, cols] += tile, clipped to C's edge
 
           ┌──────── N ────────┐          A strip (kc×MR) ─┐
         ┌ ┌──┬──┬──┬──┐      │                            ▼
@@ -25,8 +26,9 @@ The loop nest (BLIS's, with B packed once for the whole call)::
 
 Tile: MR×NR = 8×16 for both dtypes -- 8 float32 or 16 float64 AVX-512 accumulators; the
 measurements that chose it are in ``_gemm_generate.py``, which writes the micro-kernel. KC =
-256: a B panel (256×16 float32 = 16 KiB) stays in L1 while the A strips stream from L2. MC is
-chosen per call so that there are at least as many work items as threads and an A block stays
+256 and NC = 512: an A strip (256×8) stays in L1 while the chunk's B panels (256×512 float32 =
+512 KiB) come from L2; other KC (128…512) and MC (96…384) measured within ±3 %. MC is chosen
+per call so that the work items share out evenly among the threads and an A block stays
 within L2.
 
 Edges: the packed copies hold whole tiles (B zero-padded; the rows of an A strip past C's last
@@ -38,8 +40,12 @@ Determinism: each C element is owned by one work item and summed as
 ``(((C or 0) + (bias or 0)) + Σ_{k in block 0}) + Σ_{k in block 1} + ...``, each block's sum in
 k order, whatever the thread count or MC.
 
-Small A·Bᵀ products (the linear layer's form, up to ``SMALL`` multiply-adds) skip packing:
-``small_dot_kernel`` computes each element as one dot product.
+Three kernels, one summation order (so which one ran never shows in the bits):
+``gemm_kernel`` is the nest above; ``batched_gemm_kernel`` takes over from ``BATCHED`` output
+batches per thread, each batch one work item that packs its own B a K block at a time (a
+batched backward would otherwise copy a whole operand first); ``small_dot_kernel`` computes
+small A·Bᵀ products (the linear layer's form, up to ``SMALL`` multiply-adds) as dot products,
+with no packing.
 
 Accumulator: the input dtype (float32 in float32, as OpenBLAS and PyTorch do).
 """
@@ -54,6 +60,7 @@ from ._gemm_micro import micro_kernel as _micro_source
 MICRO_DIGEST = "2209abd8db645113"  # of _gemm_micro.py: see _gemm_generate
 
 KC = 256
+NC = 512      # columns per chunk in block_product (measured vs none: +3–8 % float32 n = 512…2048)
 MC_MAX = 192  # rows per work item at most: an A block of 192×256 float32 is 192 KiB
 #: Up to this many multiply-adds, A·Bᵀ (the linear layer's form) runs as plain dot products:
 #: packing costs more than it saves there (measured: 10×64×256 9 µs vs 19 µs packed; 64×64×256
@@ -117,18 +124,22 @@ def start_rows(ct, r0, rows, bias, accumulate):
 
 @kernel
 def block_product(ap, panels, kc, ct, r0, rows, out):
-    # ct[r0 .. r0 + rows, :] += (packed A block) · (packed K block of op(B), all panels)
+    # ct[r0 .. r0 + rows, :] += (packed A block) · (packed K block of op(B), all panels).
+    # NC-wide column chunks, strips outside panels: the strip stays in L1 across a chunk's
+    # panels, the chunk's panels (KC×NC) in L2, and C's rows are walked left to right.
     n_cols = ct.shape[1]
-    for panel in range((n_cols + NR - 1) // NR):
-        j0 = panel * NR
-        cols = min(NR, n_cols - j0)
-        bpanel = panels[panel * KC * NR:(panel + 1) * KC * NR]
+    n_panels = (n_cols + NR - 1) // NR
+    for q0 in range(0, n_panels, NC // NR):
         for s in range((rows + MR - 1) // MR):
-            micro_kernel(kc, ap[s * kc * MR:], bpanel, out)
-            for i in range(min(MR, rows - s * MR)):      # add the part inside C
-                crow = ct[r0 + s * MR + i, j0:j0 + cols]
-                for j in range(cols):
-                    crow[j] += out[i, j]
+            for panel in range(q0, min(q0 + NC // NR, n_panels)):
+                j0 = panel * NR
+                cols = min(NR, n_cols - j0)
+                bpanel = panels[panel * KC * NR:(panel + 1) * KC * NR]
+                micro_kernel(kc, ap[s * kc * MR:], bpanel, out)
+                for i in range(min(MR, rows - s * MR)):  # add the part inside C
+                    crow = ct[r0 + s * MR + i, j0:j0 + cols]
+                    for j in range(cols):
+                        crow[j] += out[i, j]
 
 
 @parallel_kernel
