@@ -10,10 +10,31 @@ A NaN anywhere in a row makes the sum NaN, and with it the whole row.
 import numpy as np
 from numba import prange
 
-from .._jit import parallel_kernel
+from .._jit import kernel, parallel_kernel
 from .exp import exp_nonpositive
 
-ROWS = 16  # rows per parallel work item: the exp scratch is allocated once per item
+ROWS = 16   # rows per parallel work item: the scratch is allocated once per item
+LANES = 16  # running maxima in row_max: one AVX-512 register of float32
+
+
+@kernel
+def row_max(row, lanes):
+    # max of row (C,), NaN ignored (pass 2 propagates it), -inf for an empty row. LANES
+    # independent running maxima, so the compare-and-select vectorises (a single running max
+    # is a chain LLVM may not reorder without assuming no NaN); the max is the same whatever
+    # the order.
+    lanes[:] = -np.inf
+    n_full = row.shape[0] - row.shape[0] % LANES
+    for k0 in range(0, n_full, LANES):
+        block = row[k0:k0 + LANES]
+        for j in range(LANES):
+            lanes[j] = block[j] if block[j] > lanes[j] else lanes[j]
+    m = row.dtype.type(-np.inf)
+    for j in range(LANES):
+        m = lanes[j] if lanes[j] > m else m
+    for k in range(n_full, row.shape[0]):
+        m = row[k] if row[k] > m else m
+    return m
 
 
 @parallel_kernel
@@ -23,11 +44,9 @@ def softmax_forward_kernel(x, out, log):
     for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS rows of out
         bits = np.empty(n_cols, np.int64)      # scratch of exp_nonpositive
         e = np.empty(n_cols, out.dtype)        # exp(x - m)
+        lanes = np.empty(LANES, x.dtype)       # scratch of row_max
         for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
-            m = x.dtype.type(-np.inf)          # pass 1: the row max (a NaN is caught by pass 2)
-            for k in range(n_cols):
-                if x[n, k] > m:
-                    m = x[n, k]
+            m = row_max(x[n], lanes)           # pass 1 (a NaN is caught by pass 2)
             if m == -np.inf:                   # every entry -inf: shift by 0, as -inf - -inf is NaN
                 m = x.dtype.type(0)
             row = out[n]
