@@ -201,6 +201,19 @@ def batched_gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accum
                 block_product(ap, panels, kc, c[t], i0, rows, out)
 
 
+@kernel
+def add_four(crow, n0, s0, s1, s2, s3):
+    # crow[n0 .. n0 + 4] += (s0, s1, s2, s3), the part inside the row
+    width = min(4, crow.shape[0] - n0)
+    crow[n0] += s0
+    if width > 1:
+        crow[n0 + 1] += s1
+    if width > 2:
+        crow[n0 + 2] += s2
+    if width > 3:
+        crow[n0 + 3] += s3
+
+
 @parallel_kernel
 def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
     # C = A·Bᵀ for small problems, unpacked: each C element is a dot product of two contiguous
@@ -243,22 +256,9 @@ def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
                 s11 += x1 * b1[k]
                 s12 += x1 * b2[k]
                 s13 += x1 * b3[k]
-            width = min(4, n_cols - n0)
-            c0[n0] += s00
-            if width > 1:
-                c0[n0 + 1] += s01
-            if width > 2:
-                c0[n0 + 2] += s02
-            if width > 3:
-                c0[n0 + 3] += s03
+            add_four(c0, n0, s00, s01, s02, s03)
             if rows == 2:
-                c1[n0] += s10
-                if width > 1:
-                    c1[n0 + 1] += s11
-                if width > 2:
-                    c1[n0 + 2] += s12
-                if width > 3:
-                    c1[n0 + 3] += s13
+                add_four(c1, n0, s10, s11, s12, s13)
 
 
 def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans_b=False,
