@@ -13,6 +13,10 @@ name as the forward::
 compiles nothing: each kernel compiles on its first call and is cached on disk.
 """
 from . import reference
+from .functional.attention import (attention, attention_backward, attention_forward,
+                                   scaled_dot_product_attention,
+                                   scaled_dot_product_attention_backward,
+                                   scaled_dot_product_attention_forward)
 from .functional.dropout import dropout, dropout_backward, dropout_forward, dropout_mask
 from .functional.linear import linear, linear_backward, linear_forward
 from .functional.matmul import matmul, matmul_backward, matmul_forward
@@ -28,4 +32,7 @@ __all__ = [
     "softmax", "softmax_forward", "softmax_backward",
     "log_softmax", "log_softmax_forward", "log_softmax_backward",
     "dropout", "dropout_forward", "dropout_backward", "dropout_mask",
+    "scaled_dot_product_attention", "scaled_dot_product_attention_forward",
+    "scaled_dot_product_attention_backward",
+    "attention", "attention_forward", "attention_backward",
 ]

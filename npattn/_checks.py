@@ -11,6 +11,7 @@ Policy
 * What the kernels get back: C-contiguous arrays of one dtype (a copy only when the input was
   not already one).
 """
+import math
 import numbers
 
 import numpy as np
@@ -180,3 +181,91 @@ def dropout_args(x, p, seed, training):
     x = float_array("x", x)
     return x, probability("p", p), seed_value("seed", seed), flag("training", training)
 
+
+
+ALIGNMENTS = ("top-left", "bottom-right")
+
+
+def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, seed,
+                   causal_alignment, mask_name):
+    """Everything scaled_dot_product_attention takes, checked; returns a dict of it.
+
+    query (..., H, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -- or 2-D (L, E) etc.
+    without a head dim -- of one float dtype; leading batch dims broadcast; H = Hkv, or a
+    multiple of it with enable_gqa (or Hkv = 1, which broadcasts). The mask (bool, or float of
+    the query dtype) must broadcast to (batch..., H, L, S) without enlarging it.
+    """
+    query = float_array("query", query)
+    key = float_array("key", key)
+    value = float_array("value", value)
+    same_dtype("key", key, "query", query)
+    same_dtype("value", value, "query", query)
+    min_ndim("query", query, 2, "(..., L, E)")
+    min_ndim("key", key, 2, "(..., S, E)")
+    min_ndim("value", value, 2, "(..., S, Ev)")
+    n_rows, width = query.shape[-2:]
+    if key.shape[-1] != width:
+        raise ValueError(f"key must have shape (..., S, {width}) to match query (..., L, "
+                         f"{width}); got {key.shape}")
+    n_keys = key.shape[-2]
+    if value.shape[-2] != n_keys:
+        raise ValueError(f"value must have shape (..., {n_keys}, Ev) to match key (..., "
+                         f"{n_keys}, E); got {value.shape}")
+    heads = query.shape[-3] if query.ndim > 2 else 1
+    kv_heads = key.shape[-3] if key.ndim > 2 else 1
+    value_heads = value.shape[-3] if value.ndim > 2 else 1
+    if value_heads != kv_heads:
+        raise ValueError(f"value must have {kv_heads} heads (dim -3) to match key "
+                         f"{key.shape}; got {value.shape}")
+    enable_gqa = flag("enable_gqa", enable_gqa)
+    if heads != kv_heads:
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(f"query's heads (dim -3) must be a multiple of key's and "
+                             f"value's; got query {query.shape}, key {key.shape}")
+        if not enable_gqa and kv_heads != 1:
+            raise ValueError(f"query has {heads} heads and key/value {kv_heads}: pass "
+                             f"enable_gqa=True for grouped-query attention; got query "
+                             f"{query.shape}, key {key.shape}")
+    try:
+        batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    except ValueError:
+        raise ValueError(f"the batch dims (before the head dim) of query, key and value must "
+                         f"broadcast; got query {query.shape}, key {key.shape}, value "
+                         f"{value.shape}") from None
+    full = batch + (heads, n_rows, n_keys)                       # the scores' shape
+    if mask is not None:
+        try:
+            mask = np.asarray(mask)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"{mask_name} must be a bool or {query.dtype} array; got "
+                            f"{type(mask).__name__} that NumPy cannot convert ({exc})") from None
+        if mask.dtype != np.bool_ and mask.dtype != query.dtype:
+            raise TypeError(f"{mask_name} must have dtype bool (True = takes part) or "
+                            f"{query.dtype} (added to the scores, as query); got {mask.dtype}")
+        try:
+            fits = np.broadcast_shapes(mask.shape, full) == full
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{mask_name} must broadcast to (..., H, L, S) = {full}; got "
+                             f"shape {mask.shape}")
+        mask = contiguous(mask)
+    if scale is not None:
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
+        scale = float(scale)
+    dropout_p = probability("dropout_p", dropout_p)
+    if seed is None:
+        if dropout_p > 0:
+            raise ValueError(f"seed must be given when dropout_p > 0 (got dropout_p = "
+                             f"{dropout_p}): backward regenerates the dropout mask from it")
+        seed = 0
+    if causal_alignment not in ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}; got "
+                         f"{causal_alignment!r}")
+    query, key, value = contiguous(query, key, value)
+    return dict(query=query, key=key, value=value, mask=mask, batch=batch, heads=heads,
+                dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
+                scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
+                seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
+                out_ndim=max(query.ndim, key.ndim, value.ndim))

@@ -152,3 +152,111 @@ def attention_backward(dout, query, key, value, mask=None, keep=None, dropout_p=
     if mask is not None and mask.dtype != bool:
         dmask = _sum_to_shape(dscores, mask.shape)
     return dquery, dkey, dvalue, dmask
+
+
+# ------------------------------------------------------------------------- scaled dot-product attention
+
+CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
+
+
+def causal_mask(L, S, alignment="top-left"):
+    """The keys each query may see under ``is_causal`` (True = visible).
+
+    "top-left" (PyTorch's ``is_causal``): key j is visible to query i iff j <= i.
+    "bottom-right" (a KV cache: the L queries are the last L of the S positions): iff
+    j <= i + S - L, so with L > S the first L - S queries see nothing.
+    Shapes: -> (L, S) bool
+    """
+    if alignment not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}; got {alignment!r}")
+    shift = 0 if alignment == "top-left" else S - L
+    return np.arange(S)[None, :] <= np.arange(L)[:, None] + shift   # (L, S)
+
+
+def _sdpa_mask(attn_mask, is_causal, L, S, alignment):
+    """attn_mask and the causal mask as one mask of attention_forward's kinds (or None)."""
+    if not is_causal:
+        return attn_mask
+    causal = causal_mask(L, S, alignment)                # (L, S)
+    if attn_mask is None:
+        return causal
+    if attn_mask.dtype == bool:
+        return attn_mask & causal                        # (..., L, S)
+    return attn_mask + np.where(causal, 0.0, -np.inf)    # (..., L, S)
+
+
+def _repeat_kv(query, key, value, enable_gqa):
+    """Grouped-query attention: query head h reads kv head h // group (torch.repeat_interleave).
+
+    Returns key and value with H heads, and ``group`` = H // Hkv (1 without GQA).
+    """
+    if not enable_gqa or query.ndim < 3:
+        return key, value, 1
+    group = query.shape[-3] // key.shape[-3]
+    return np.repeat(key, group, axis=-3), np.repeat(value, group, axis=-3), group
+
+
+def _masked_scores(query, key, mask, scale):
+    """scores = q·kᵀ·scale, then the mask: False (bool) becomes -inf, float is added."""
+    scores = (query @ np.swapaxes(key, -1, -2)) * scale  # (..., L, S)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
+    return scores
+
+
+def _logsumexp(scores):
+    """log Σ_j exp(scores_j) over the last axis, max-shifted; -inf for a row of -inf."""
+    m = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    m = np.where(np.isneginf(m), 0.0, m)                 # all -inf: log Σ 0 = -inf below
+    with np.errstate(divide="ignore"):
+        return (m + np.log(np.sum(np.exp(scores - m), axis=-1, keepdims=True)))[..., 0]
+
+
+def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep=None,
+                                         dropout_p=0.0, is_causal=False, scale=None,
+                                         enable_gqa=False, causal_alignment="top-left"):
+    """torch.nn.functional.scaled_dot_product_attention, plus the logsumexp of each score row.
+
+    output = dropout(softmax(q·kᵀ·scale + mask)) · v,  logsumexp_i = log Σ_j exp(scores_ij).
+    ``scale`` defaults to 1/√E; ``attn_mask`` is bool (True takes part) or float (added);
+    ``is_causal`` adds :func:`causal_mask` on top of it; ``enable_gqa`` repeats each kv head
+    for H // Hkv query heads; ``keep`` is the dropout keep-mask or None. Batch dims broadcast.
+    A fully masked row gives a zero output row and logsumexp -inf.
+    Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev),
+    attn_mask and keep broadcastable to (batch..., H, L, S) -> output (batch..., H, L, Ev),
+    logsumexp (batch..., H, L); 2-D (L, E) inputs have no head dim.
+    """
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    key, value, _ = _repeat_kv(query, key, value, enable_gqa)   # (..., H, S, E), (..., H, S, Ev)
+    mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment)
+    output, _ = attention_forward(query, key, value, mask, keep, dropout_p, scale)
+    logsumexp = _logsumexp(_masked_scores(query, key, mask, scale))  # (..., H, L)
+    return output, np.broadcast_to(logsumexp, output.shape[:-1]).copy()  # value's batch dims too
+
+
+def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=None, keep=None,
+                                          dropout_p=0.0, is_causal=False, scale=None,
+                                          enable_gqa=False, causal_alignment="top-left"):
+    """Gradients of query, key, value and a float attn_mask: attention_backward, put back.
+
+    Each kv head served H // Hkv query heads, so its gradient is the sum over its group; every
+    gradient is then summed over the batch dims its input was broadcast along. ``dmask`` is
+    None unless attn_mask is float (a bool mask or the causal mask has no gradient).
+    Shapes: dout (batch..., H, L, Ev) and forward's arguments -> dquery, dkey, dvalue,
+    dmask of the shapes of query, key, value, attn_mask.
+    """
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    key_h, value_h, group = _repeat_kv(query, key, value, enable_gqa)
+    mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment)
+    dquery, dkey, dvalue, dmask = attention_backward(dout, query, key_h, value_h, mask, keep,
+                                                     dropout_p, scale)
+    if group > 1:                                        # (batch..., Hkv·group, S, ·) -> Hkv
+        hkv = key.shape[-3]
+        dkey = dkey.reshape(*dkey.shape[:-3], hkv, group, *dkey.shape[-2:]).sum(axis=-3)
+        dvalue = dvalue.reshape(*dvalue.shape[:-3], hkv, group, *dvalue.shape[-2:]).sum(axis=-3)
+    dquery = _sum_to_shape(dquery, query.shape)
+    dkey = _sum_to_shape(dkey, key.shape)
+    dvalue = _sum_to_shape(dvalue, value.shape)
+    if dmask is not None:
+        dmask = _sum_to_shape(dmask, attn_mask.shape)
+    return dquery, dkey, dvalue, dmask

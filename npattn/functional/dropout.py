@@ -13,27 +13,13 @@ import numpy as np
 
 from .. import _checks
 from ..kernels.dropout import dropout_kernel, dropout_mask_kernel
-from ..kernels.random import keep_threshold, seed_key
-
-
-def _key(seed):
-    """The stream key as np.uint64: Numba would type a Python int below 2**63 as int64."""
-    return np.uint64(seed_key(np.uint64(seed)))
-
-
-def _scale(p, dtype):
-    """1/(1-p) in the input dtype, as PyTorch: 1-p in float64, the division in ``dtype``.
-
-    0 for p = 1 (every element is dropped then, and nothing is divided by zero).
-    """
-    one = dtype.type(1)
-    return dtype.type(0) if p == 1.0 else one / dtype.type(1.0 - p)
+from ..kernels.random import keep_threshold, kept_scale, stream_key
 
 
 def _dropout(x, p, seed):
     flat = _checks.contiguous(x).reshape(-1)               # (N,), C order: element t's index
     out = np.empty_like(flat)
-    dropout_kernel(flat, _key(seed), keep_threshold(p), _scale(p, x.dtype), out)
+    dropout_kernel(flat, stream_key(seed), keep_threshold(p), kept_scale(p, x.dtype), out)
     return out.reshape(x.shape)                            # (...)
 
 
@@ -71,7 +57,7 @@ def dropout_mask(shape, p, seed):
     p = _checks.probability("p", p)
     seed = _checks.seed_value("seed", seed)
     mask = np.empty(math.prod(shape), dtype=np.bool_)     # (N,)
-    dropout_mask_kernel(_key(seed), keep_threshold(p), mask)
+    dropout_mask_kernel(stream_key(seed), keep_threshold(p), mask)
     return mask.reshape(shape)                             # (...)
 
 

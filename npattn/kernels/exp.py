@@ -15,7 +15,7 @@ NaN. x > 0 is outside the contract (softmax only ever exponentiates x - max(x) <
 """
 import numpy as np
 
-from .._jit import fma_kernel
+from .._jit import fma_kernel, kernel
 
 LOG2E = 1.4426950408889634
 LN2_HI = 6.93147180369123816490e-01   # ln 2 to 32 bits: t·LN2_HI is exact for |t| < 2^21
@@ -51,3 +51,51 @@ def exp_nonpositive(x, out, bits):
     scale = bits.view(np.float64)
     for k in range(x.shape[0]):
         out[k] = out[k] * scale[k]
+
+
+# float32: the same steps in float32 arithmetic, twice the lanes of the float64 version. ln 2
+# in two parts as Cephes' expf (LN2_HI_F32 = 355/512: t·LN2_HI_F32 is exact for |t| < 2^15),
+# and the Taylor series to degree 7: the first term left out, r^8/8! at |r| <= ln(2)/2, is
+# 5e-9 relative -- below float32's half ulp (3e-8). 2^t is built from the bits of a float32:
+# (t + 127) << 23. Results below float32's normal range (x < -87.34, exp < 1.2e-38) are 0.
+LOG2E_F32 = np.float32(LOG2E)
+LN2_HI_F32 = np.float32(0.693359375)
+LN2_LO_F32 = np.float32(-2.12194440e-4)
+UNDERFLOW_F32 = np.float32(-87.33654)     # ln(2^-126): exp(x) below it is subnormal
+F32 = np.float32
+
+
+@fma_kernel
+def exp_nonpositive_f32(x, out, bits):
+    # out[k] = exp(x[k]) for float32 x (C,) <= 0; bits (C,) int32 scratch
+    zero = F32(0)
+    for k in range(x.shape[0]):
+        xv = x[k]
+        under = xv < UNDERFLOW_F32            # also -inf; False for NaN, which flows through
+        xv = zero if under else xv
+        t = np.floor(xv * LOG2E_F32 + F32(0.5))
+        r = (xv - t * LN2_HI_F32) - t * LN2_LO_F32
+        p = F32(1.0 / 5040.0)
+        p = p * r + F32(1.0 / 720.0)
+        p = p * r + F32(1.0 / 120.0)
+        p = p * r + F32(1.0 / 24.0)
+        p = p * r + F32(1.0 / 6.0)
+        p = p * r + F32(0.5)
+        p = p * r + F32(1.0)
+        p = p * r + F32(1.0)
+        bits[k] = (np.int32(t) + np.int32(127)) << np.int32(23)   # the bits of 2^t
+        out[k] = zero if under else p
+    scale = bits.view(np.float32)
+    for k in range(x.shape[0]):
+        out[k] = out[k] * scale[k]
+
+
+@kernel
+def exp_nonpositive_native(x, out, bits32, bits64):
+    # exp_nonpositive in the arithmetic of x's dtype: float32 x -> exp_nonpositive_f32 (bits32
+    # int32 scratch), float64 x -> exp_nonpositive (bits64 int64 scratch). The test is decided
+    # when the kernel compiles: 1 + 1e-10 rounds to 1 in float32 only.
+    if x.dtype.type(1) + x.dtype.type(1e-10) == x.dtype.type(1):
+        exp_nonpositive_f32(x, out, bits32)
+    else:
+        exp_nonpositive(x, out, bits64)

@@ -50,6 +50,19 @@ def keep_threshold(p):
     return np.uint64(round(p * 2.0**53))
 
 
+def stream_key(seed):
+    """``seed_key(seed)`` as np.uint64, for a kernel argument (Python, once per call): Numba
+    would type a Python int below 2**63 as int64."""
+    return np.uint64(seed_key(np.uint64(seed)))
+
+
+def kept_scale(p, dtype):
+    """1/(1-p), the factor of a kept element, in ``dtype`` as PyTorch computes it: 1-p in
+    float64, the division in ``dtype``. 0 for p = 1 (every element is dropped then)."""
+    one = dtype.type(1)
+    return dtype.type(0) if p == 1.0 else one / dtype.type(1.0 - p)
+
+
 @kernel
 def mix64(z):
     """SplitMix64's finaliser: a bijection of uint64 whose every output bit depends on every

@@ -1,0 +1,278 @@
+"""Scaled dot-product attention: PyTorch's ``scaled_dot_product_attention`` and the article's
+``attention(query, key, value, mask, dropout) -> (output, weights)``, on one fused engine.
+
+    scores  = query·keyᵀ · scale  (+ float mask, or -inf where a bool mask is False)
+    weights = dropout(softmax(scores))           (the article's ``p_attn``)
+    output  = weights · value
+
+Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) -> output
+(..., H, L, Ev). The batch dims (before the head dim) broadcast; with ``enable_gqa`` query head
+h reads key/value head h // (H / Hkv), as ``repeat_interleave`` would arrange it.
+
+The engine (``kernels/attention.py``) streams over blocks of keys with an online softmax and
+never holds the L×S matrix: the forward keeps the output and one logsumexp per row, and
+backward rebuilds each block of probabilities from them. Only ``attention``, whose caller asks
+for the weights, writes an L×S matrix per head.
+
+Rules, as PyTorch's ``scaled_dot_product_attention`` (2.5+):
+
+* a bool mask's ``True`` takes part, a float mask is added to the scaled scores; masks
+  broadcast to (..., H, L, S) and are read through their broadcast shape (never expanded);
+* ``is_causal``: key j is visible to query i when j <= i (top-left); ``causal_alignment=
+  "bottom-right"`` makes it j <= i + S - L, the rule for decoding with a KV cache (L < S);
+* a row whose every key is masked gives zeros and zero gradients, not NaN; NaN propagates;
+* dropout zeroes weight (b, h, i, j) unless kept by ``dropout_mask((B, H, L, S), dropout_p,
+  seed)`` (B: the broadcast batch dims flattened) and scales the kept ones by 1/(1-p). The
+  mask depends only on the seed, which is required when dropout_p > 0: backward regenerates
+  the mask from it. Softmax's gradient uses the probabilities before dropout.
+"""
+import math
+
+import numpy as np
+
+from .. import _checks
+from ..kernels.attention import (BK, BOOL_MASK, FLOAT_MASK, NO_MASK, WORK_ITEMS,
+                                 attention_backward_kernel, attention_forward_kernel)
+from ..kernels.random import keep_threshold, kept_scale, stream_key
+
+NO_BOOL = np.ones((1, 1, 1), np.bool_)      # the unused mask argument: one plane, never read
+NO_FLOAT = {np.dtype(t): np.zeros((1, 1, 1), t) for t in (np.float32, np.float64)}
+
+
+def _stack(x, batch, lead_ndim):
+    """x (..., [heads,] N, W) as a stack (Bx, heads, N, W) and the index map (B,) from each
+    flattened broadcast batch to its stored batch: broadcasting repeats indices, never data."""
+    shape = (1,) * (lead_ndim + 3 - x.ndim) + x.shape            # (*batch_x, heads, N, W)
+    stored = shape[:-3]
+    x4 = x.reshape((math.prod(stored),) + shape[-3:])             # (Bx, heads, N, W)
+    index = np.broadcast_to(np.arange(x4.shape[0], dtype=np.int64).reshape(stored), batch)
+    return x4, index.flatten()                                    # (B,) (a writeable copy)
+
+
+def _prepare(args):
+    """The kernels' view of the arguments: stacks, index maps, mask planes, dropout stream."""
+    batch, heads = args["batch"], args["heads"]
+    lead = len(batch)
+    q4, qi = _stack(args["query"], batch, lead)                  # (Bq, H, L, E)
+    k4, ki = _stack(args["key"], batch, lead)                    # (Bk, Hkv, S, E)
+    v4, vi = _stack(args["value"], batch, lead)                  # (Bv, Hkv, S, Ev)
+    mask = args["mask"]
+    dtype = q4.dtype
+    bmask, fmask, kind = NO_BOOL, NO_FLOAT[dtype], NO_MASK
+    planes = np.zeros(math.prod(batch) * heads, np.int64)         # (B·H,)
+    if mask is not None:
+        shape = (1,) * (lead + 3 - mask.ndim) + mask.shape        # (*batch_m, Hm, Lm, Sm)
+        stored = shape[:-2]
+        flat = mask.reshape((math.prod(stored),) + shape[-2:])     # (Nm, Lm, Sm)
+        planes = np.broadcast_to(np.arange(flat.shape[0], dtype=np.int64).reshape(stored),
+                                 batch + (heads,)).flatten()       # (B·H,)
+        if mask.dtype == np.bool_:
+            bmask, kind = flat, BOOL_MASK
+        else:
+            fmask, kind = flat, FLOAT_MASK
+    n_rows, n_keys = q4.shape[2], k4.shape[2]
+    p = args["dropout_p"]
+    return dict(q=q4, k=k4, v=v4, qi=qi, ki=ki, vi=vi, bmask=bmask, fmask=fmask, planes=planes,
+                kind=kind, causal=args["is_causal"],
+                offset=n_keys - n_rows if args["bottom_right"] else 0, scale=args["scale"],
+                key=stream_key(args["seed"]), threshold=keep_threshold(p) if p > 0 else
+                np.uint64(0), drop_scale=kept_scale(p, dtype), shape=batch + (heads, n_rows),
+                n_batch=math.prod(batch), out_ndim=args["out_ndim"])
+
+
+def _run_forward(run, store_weights):
+    """out (B, H, L, Ev), lse (B, H, L) and weights (B, H, L, S) or None, from the engine."""
+    q, k, v = run["q"], run["k"], run["v"]
+    n_batch, heads, n_rows = run["n_batch"], q.shape[1], q.shape[2]
+    out = np.empty((n_batch, heads, n_rows, v.shape[3]), q.dtype)
+    lse = np.empty((n_batch, heads, n_rows), q.dtype)
+    weights = (np.empty((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_weights
+               else np.empty((1, 1, 1, 1), q.dtype))               # (unused placeholder)
+    attention_forward_kernel(q, k, v, run["qi"], run["ki"], run["vi"], run["bmask"],
+                             run["fmask"], run["planes"], run["kind"], run["causal"],
+                             run["offset"], run["scale"], run["key"], run["threshold"],
+                             run["drop_scale"], out, lse, weights, store_weights)
+    return out, lse, (weights if store_weights else None)
+
+
+def _caller_shape(run, tail):
+    """The caller's shape of a (B, H, L) + tail result: batch... + (H, L) + tail, without the
+    head dim when every input was 2-D."""
+    full = run["shape"] + tail                                    # (*batch, H, L, *tail)
+    return full[len(full) - (run["out_ndim"] - 1 + len(tail)):]
+
+
+def _shaped(x, run):
+    """A (B, H, L, ...) result in the caller's shape (see _caller_shape)."""
+    return x.reshape(_caller_shape(run, x.shape[3:]))
+
+
+def _sum_to(grad, shape):
+    """Undo broadcasting: sum ``grad`` over the dims that broadcasting added or stretched."""
+    lead = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(lead))) if lead else grad
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return grad.sum(axis=stretched, keepdims=True) if stretched else grad
+
+
+def _splits(run):
+    """How many copies of dq the backward adds into: enough work items (B·Hkv·splits) to keep
+    the threads busy when there are few heads. A function of the shapes only (never of the
+    thread count), so the sums -- and bits -- are the same everywhere."""
+    n_kb = -(-run["k"].shape[2] // BK)
+    items = run["n_batch"] * run["k"].shape[1]
+    return max(1, min(n_kb, -(-WORK_ITEMS // max(items, 1))))
+
+
+def _run_backward(run, dout, out, lse, store_ds):
+    """dq (B, H, L, E), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, and the
+    gradient of the masked scores (B, H, L, S) when store_ds."""
+    q, k, v = run["q"], run["k"], run["v"]
+    n_batch, heads, n_rows = run["n_batch"], q.shape[1], q.shape[2]
+    dq_parts = np.zeros((_splits(run), n_batch, heads, n_rows, q.shape[3]), q.dtype)
+    dk = np.empty((n_batch,) + k.shape[1:], q.dtype)
+    dv = np.empty((n_batch,) + v.shape[1:], q.dtype)
+    dscores = (np.zeros((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_ds
+               else np.empty((1, 1, 1, 1), q.dtype))
+    attention_backward_kernel(q, k, v, dout, out, lse, run["qi"], run["ki"], run["vi"],
+                              run["bmask"], run["fmask"], run["planes"], run["kind"],
+                              run["causal"], run["offset"], run["scale"], run["key"],
+                              run["threshold"], run["drop_scale"], dq_parts, dk, dv, dscores,
+                              store_ds)
+    dq = dq_parts[0] if dq_parts.shape[0] == 1 else dq_parts.sum(axis=0)   # in split order
+    dq *= q.dtype.type(run["scale"])
+    return dq, dk, dv, (dscores if store_ds else None)
+
+
+def _gradients(args, run, dq, dk, dv, dscores):
+    """Each gradient in its input's shape (summed over broadcast batch dims; dk, dv over the
+    query heads that shared a key/value head)."""
+    batch = run["shape"][:-2]
+    grads = []
+    for name, g in (("query", dq), ("key", dk), ("value", dv)):
+        g = g.reshape(batch + g.shape[1:])                       # (*batch, heads, N, W)
+        x = args[name]
+        grads.append(_sum_to(g, (1,) * (len(batch) + 3 - x.ndim) + x.shape).reshape(x.shape))
+    if dscores is not None:
+        mask = args["mask"]
+        full = dscores.reshape(batch + dscores.shape[1:])        # (*batch, H, L, S)
+        grads.append(_sum_to(full, mask.shape).reshape(mask.shape))
+    return tuple(grads)
+
+
+def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
+    """dout and output as (B, H, L, Ev), logsumexp as (B, H, L): checked against the shapes
+    forward gave for these arguments, one dtype, C-contiguous."""
+    q, v = run["q"], run["v"]
+    stacked = (run["n_batch"], q.shape[1], q.shape[2])             # (B, H, L)
+    arrays = []
+    for name, x, tail in (("dout", dout, (v.shape[3],)), ("output", output, (v.shape[3],)),
+                          ("logsumexp", logsumexp, ())):
+        x = _checks.float_array(name, x)
+        _checks.same_dtype(name, x, "query", args["query"])
+        _checks.exact_shape(name, x, _caller_shape(run, tail),
+                            "to match forward's for these query, key and value")
+        arrays.append(_checks.contiguous(x).reshape(stacked + tail))
+    if _checks.flag("mask_grad", mask_grad):
+        mask = args["mask"]
+        if mask is None or mask.dtype == np.bool_:
+            raise ValueError(f"mask_grad=True needs a float {mask_name} (a bool mask has no "
+                             f"gradient); got {'None' if mask is None else 'a bool mask'}")
+    return arrays
+
+
+def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, dropout_p=0.0,
+                                         is_causal=False, scale=None, enable_gqa=False, *,
+                                         seed=None, causal_alignment="top-left"):
+    """``(output, logsumexp)``: attention's output and, per query row, log Σ_j exp(score_ij).
+
+    Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) ->
+    output (..., H, L, Ev), logsumexp (..., H, L)
+
+    ``logsumexp`` (-inf for a fully masked row) is all backward needs besides the inputs:
+    it rebuilds any block of weights as exp(score - logsumexp). ``scale`` defaults to 1/√E.
+    """
+    args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                  enable_gqa, seed, causal_alignment, "attn_mask")
+    run = _prepare(args)
+    out, lse, _ = _run_forward(run, store_weights=False)
+    return _shaped(out, run), _shaped(lse, run)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *, seed=None,
+                                 causal_alignment="top-left"):
+    """softmax(query·keyᵀ·scale + mask) · value, as ``torch.nn.functional.
+    scaled_dot_product_attention`` (see the module docstring for the rules).
+
+    Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) ->
+    output (..., H, L, Ev)
+    """
+    return scaled_dot_product_attention_forward(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed=seed,
+        causal_alignment=causal_alignment)[0]
+
+
+def scaled_dot_product_attention_backward(dout, query, key, value, output, logsumexp,
+                                          attn_mask=None, dropout_p=0.0, is_causal=False,
+                                          scale=None, enable_gqa=False, *, seed=None,
+                                          causal_alignment="top-left", mask_grad=False):
+    """Gradients ``(dquery, dkey, dvalue)``, and ``dmask`` last when ``mask_grad`` is True.
+
+    Shapes: dout, output (..., H, L, Ev) · logsumexp (..., H, L) and forward's arguments ->
+    dquery, dkey, dvalue in the shapes of query, key, value; dmask in the shape of attn_mask
+
+    With w = dropout(p), p = softmax(s), s = q·kᵀ·scale + mask and D = rowsum(dout ∘ output):
+    dv = wᵀ·dout,  ds = p ∘ (dropout(dout·vᵀ) - D),  dq = ds·k·scale,  dk = dsᵀ·q·scale,
+    dmask = ds (summed over the dims the mask was broadcast along; needs a float mask).
+    Each block of p is rebuilt from ``logsumexp``; forward's arguments must be passed again.
+    """
+    args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                  enable_gqa, seed, causal_alignment, "attn_mask")
+    run = _prepare(args)
+    dout, output, lse = _backward_args(dout, output, logsumexp, args, run, "attn_mask",
+                                       mask_grad)
+    return _gradients(args, run, *_run_backward(run, dout, output, lse, mask_grad))
+
+
+def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_causal=False,
+              seed=None, causal_alignment="top-left"):
+    """The article's ``attention``: ``(output, weights)`` with weights = dropout(softmax(
+    query·keyᵀ/√d_k + mask)), the article's ``p_attn``, and output = weights · value.
+
+    Shapes: query (..., L, E) · key (..., S, E) · value (..., S, Ev) -> output (..., L, Ev),
+    weights (..., L, S)  (with heads: (..., H, L, E) etc., as scaled_dot_product_attention)
+
+    The same engine as scaled_dot_product_attention; only here is the L×S matrix of weights
+    written, because the caller asked for it. ``mask``: bool (True = attend) or float (added).
+    """
+    args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
+                                  seed, causal_alignment, "mask")
+    run = _prepare(args)
+    out, _, weights = _run_forward(run, store_weights=True)
+    return _shaped(out, run), _shaped(weights, run)
+
+
+def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, scale=None,
+                       is_causal=False, seed=None, causal_alignment="top-left",
+                       mask_grad=False):
+    """Gradients of ``attention``'s output: ``(dquery, dkey, dvalue)`` (and ``dmask``).
+
+    Shapes: dout (..., L, Ev) and forward's arguments -> dquery, dkey, dvalue (and dmask) in
+    the shapes of query, key, value (and mask)
+
+    Runs the fused forward again for the logsumexp (attention's caller holds the weights, not
+    the logsumexp), then scaled_dot_product_attention_backward's engine. The gradient flows
+    through the pre-dropout probabilities -- at dropped positions too -- not through the
+    returned weights.
+    """
+    args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
+                                  seed, causal_alignment, "mask")
+    run = _prepare(args)
+    out, lse, _ = _run_forward(run, store_weights=False)
+    dout, _, _ = _backward_args(dout, _shaped(out, run), _shaped(lse, run), args, run, "mask",
+                                mask_grad)
+    return _gradients(args, run, *_run_backward(run, dout, out, lse, mask_grad))
+
+
+attention_forward = attention

@@ -1,0 +1,541 @@
+"""Fused scaled dot-product attention, forward and backward (FlashAttention-2's loop nest).
+
+Dims: B batch (broadcast, flattened), H query heads, Hkv key/value heads (H = G·Hkv, GQA), L
+queries, S keys, E query/key width, Ev value width. One (b, h) pair is a *head*.
+
+Forward, for each work item (b, h, block of BQ query rows), streaming over blocks of BK keys::
+
+    s      = (q·scale)·kᵀ  + mask     one BQ×BK block of scores, never more (the micro-kernel
+                                      of kernels/gemm.py, 8×16 tiles; masked entries -inf)
+    m_new  = max(m, rowmax(s))        running row max
+    p      = exp(s - m_new)           (kernels/exp.py); dropped entries are zeroed after the
+    l      = l·exp(m - m_new) + Σ p   sum, so l is the pre-dropout denominator
+    o      = o·exp(m - m_new) + (p ∘ keep / (1 - dropout_p))·v      (the micro-kernel again)
+    out    = o / l,   lse = m + log l  (per row; l = 0 -- every key masked -- gives 0 and -inf)
+
+The L×S matrix of probabilities exists only one BQ×BK block at a time, per thread: O(L·E)
+memory. ``lse`` is all backward needs to rebuild any block of probabilities exactly:
+p = exp(s - lse).
+
+Backward, for each work item (b, kv head g, split of the key blocks): for each key block it
+owns, for every query head of g's group and every query block that can see the key block::
+
+    p  = exp(s - lse)              recomputed, the same s as forward
+    w  = p ∘ keep / (1 - dropout_p)  (the weights forward applied to v)
+    dp = dout·vᵀ ∘ keep / (1 - dropout_p)
+    ds = p ∘ (dp - D),  D = rowsum(dout ∘ out)  (= Σ_j p·dp: FlashAttention-2's shortcut)
+    dv += wᵀ·dout,  dk += dsᵀ·q·scale,  dq += ds·k   (dq scaled by the caller)
+
+Each item owns its dk and dv rows outright. dq rows are shared by all key blocks: each split
+adds into its own copy of dq (``dq_parts[split]``), which the caller sums in split order --
+one split when there are enough heads to keep the threads busy, so no copy at all. The number
+of splits depends on the shapes only, never on the thread count: the same bits everywhere.
+
+Masks are read through their broadcast shape: ``bmask``/``fmask`` hold planes (Lm, Sm) with
+Lm in {1, L} and Sm in {1, S}, and ``planes[b·H + h]`` says which plane head (b, h) uses, so a
+(L, S) padding mask is one plane however many heads read it. Causal: key j is visible to query
+i when j <= i + offset (offset 0: top-left, PyTorch's rule; S - L: bottom-right). Key blocks
+that no query of a block can see are skipped, not computed.
+
+Dropout: weight (b, h, i, j) is kept when ``keep(key, ((b·H + h)·L + i)·S + j, threshold)``
+(``kernels/random.py``), in forward and again in backward -- no mask is stored.
+
+Tiles: a score tile is the micro-kernel's 8×16 tile (MR queries × NR keys). Operands are
+packed per block: queries as MR-row *strips* (p-major: ``strip[p·MR + r]``), keys as NR-wide
+*panels*; the products of backward that contract over queries (dv, dk) use strips of keys.
+Everything past a block's last row or key is packed as zero and its score is -inf, so no tile
+reads outside an array and padding contributes exact zeros.
+
+Accumulators: the input dtype (float32 in float32, as PyTorch's CPU kernels do).
+"""
+import math
+
+import numpy as np
+from numba import prange
+
+from .._jit import kernel, parallel_kernel
+from .exp import exp_nonpositive_native
+from .gemm import MR, NR, micro_kernel
+from .random import keep
+
+BQ = 128     # query rows per forward work item / per backward query block (a multiple of MR)
+BK = 128     # keys per block (a multiple of NR and of MR)
+TILE = MR * NR
+WORK_ITEMS = 8  # backward splits dq when fewer (batch, kv head) pairs than this (see caller)
+NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
+
+
+@kernel
+def pack_lanes(x, r0, rows, lanes, factor, out):
+    # out[(s·W + p)·lanes + r] = x[r0 + s·lanes + r, p]·factor for x (N, W): rows r0 .. r0 +
+    # rows as groups of `lanes` rows, p-major -- query strips (lanes = MR) for the micro-
+    # kernel's A operand, or key panels of kᵀ / vᵀ (lanes = NR) for its B operand. Rows past
+    # `rows` in the last group are zero.
+    width = x.shape[1]
+    zero = out.dtype.type(0)
+    for s in range((rows + lanes - 1) // lanes):
+        group = out[s * width * lanes:(s + 1) * width * lanes]
+        for r in range(lanes):
+            if s * lanes + r < rows:
+                src = x[r0 + s * lanes + r]
+                for p in range(width):
+                    group[p * lanes + r] = src[p] * factor
+            else:
+                for p in range(width):
+                    group[p * lanes + r] = zero
+
+
+@kernel
+def pack_columns(x, r0, rows, lanes, capacity, out):
+    # out[(c·capacity + p)·lanes + j] = x[r0 + p, c·lanes + j] for x (N, W): rows r0 .. r0 +
+    # rows as groups of `lanes` columns, p running over the rows -- v as MR-column strips for
+    # oᵀ += vᵀ·pᵀ, or k, dout and q as NR-column panels for backward's products. Columns past
+    # W are zero.
+    width = x.shape[1]
+    zero = out.dtype.type(0)
+    for c in range((width + lanes - 1) // lanes):
+        group = out[c * capacity * lanes:(c + 1) * capacity * lanes]
+        cols = min(lanes, width - c * lanes)
+        for p in range(rows):
+            src = x[r0 + p, c * lanes:c * lanes + cols]
+            dst = group[p * lanes:(p + 1) * lanes]
+            for j in range(cols):
+                dst[j] = src[j]
+            for j in range(cols, lanes):
+                dst[j] = zero
+
+
+@kernel
+def mask_tile(tile, i0, rows, j0, cols, bplane, fplane, mask_kind, causal, offset):
+    # tile[r, c], the scaled score of query i0 + r and key j0 + c, becomes -inf where that key
+    # does not take part: past the last row or key, a False in a bool mask, or above the
+    # causal diagonal (j > i + offset); a float mask is added. bplane/fplane (Lm, Sm) are
+    # read through their broadcast shape.
+    minus_inf = tile.dtype.type(-np.inf)
+    cols = min(cols, NR)
+    for r in range(MR):
+        i = i0 + r
+        row = tile[r]
+        if r >= rows:
+            row[:] = minus_inf
+            continue
+        visible = min(cols, i + offset - j0 + 1) if causal else cols   # keys < visible pass
+        visible = max(visible, 0)
+        if mask_kind == BOOL_MASK:
+            mrow = bplane[i if bplane.shape[0] > 1 else 0]
+            if mrow.shape[0] == 1:
+                if not mrow[0]:
+                    visible = 0
+            else:
+                for c in range(visible):
+                    if not mrow[j0 + c]:
+                        row[c] = minus_inf
+        elif mask_kind == FLOAT_MASK:
+            frow = fplane[i if fplane.shape[0] > 1 else 0]
+            if frow.shape[0] == 1:
+                for c in range(visible):
+                    row[c] += frow[0]
+            else:
+                for c in range(visible):
+                    row[c] += frow[j0 + c]
+        for c in range(visible, NR):
+            row[c] = minus_inf
+
+
+@kernel
+def store_tile(tile, lanes_out, capacity, j_first, transposed):
+    # Copy an MR×NR tile (queries × keys, the tile's keys starting at key j_first of the
+    # block) into a strip buffer: query strips (lanes_out[(j_first + c)·MR + r], one strip of
+    # `capacity` keys) or, transposed, key strips (lanes_out[((j_first + c) // MR · capacity
+    # + r)·MR + (j_first + c) % MR], strips of MR keys over `capacity` queries).
+    if transposed:
+        for c in range(NR):
+            j = j_first + c
+            base = ((j // MR) * capacity) * MR + j % MR
+            for r in range(MR):
+                lanes_out[base + r * MR] = tile[r, c]
+    else:
+        for c in range(NR):
+            dst = lanes_out[(j_first + c) * MR:(j_first + c + 1) * MR]
+            for r in range(MR):
+                dst[r] = tile[r, c]
+
+
+@kernel
+def drop_tile(tile, key, threshold, drop_scale, first, n_keys):
+    # tile[r, c] *= drop_scale if weight `first + r·n_keys + c` is kept, else 0. `first` is
+    # the dropout index of the tile's (0, 0) element; rows are n_keys apart.
+    zero = tile.dtype.type(0)
+    for r in range(MR):
+        for c in range(NR):
+            kept = keep(key, first + r * n_keys + c, threshold)
+            tile[r, c] = tile[r, c] * drop_scale if kept else zero
+
+
+@kernel
+def add_tile(tile, dst, r0, rows, c0, width, factor):
+    # dst[r0 + r, c0 + c] += tile[r, c]·factor for the part of the tile inside dst's rows
+    # r0 .. r0 + rows and columns c0 .. width
+    cols = min(NR, width - c0)
+    for r in range(min(MR, rows)):
+        drow = dst[r0 + r, c0:c0 + cols]
+        for c in range(cols):
+            drow[c] += tile[r, c] * factor
+
+
+@kernel
+def mask_panel(pt, n_keys, i0, rows, j0, bplane, fplane, mask_kind, causal, offset):
+    # pt[j·NR + c], the scaled score of query i0 + c and key j0 + j (j < n_keys), becomes
+    # -inf where that key does not take part (a False in a bool mask, or j0 + j > i0 + c +
+    # offset under causal masking); a float mask is added. bplane/fplane (Lm, Sm) are read
+    # through their broadcast shape. Queries past `rows` are padding: left alone.
+    if mask_kind == NO_MASK and (not causal or j0 + n_keys - 1 <= i0 + offset):
+        return                                     # the common case: every key visible
+    minus_inf = pt.dtype.type(-np.inf)
+    for c in range(min(NR, rows)):
+        i = i0 + c
+        visible = max(min(n_keys, i + offset - j0 + 1), 0) if causal else n_keys
+        if mask_kind == BOOL_MASK:
+            mrow = bplane[i if bplane.shape[0] > 1 else 0]
+            if mrow.shape[0] == 1:
+                if not mrow[0]:
+                    visible = 0
+            else:
+                for j in range(visible):
+                    if not mrow[j0 + j]:
+                        pt[j * NR + c] = minus_inf
+        elif mask_kind == FLOAT_MASK:
+            frow = fplane[i if fplane.shape[0] > 1 else 0]
+            for j in range(visible):
+                pt[j * NR + c] += frow[j0 + j if frow.shape[0] > 1 else 0]
+        for j in range(visible, n_keys):
+            pt[j * NR + c] = minus_inf
+
+
+@kernel
+def panel_softmax(pt, n_keys, m, l, ot, vs, e, bits32, bits, stats, tile, first, n_all_keys,
+                  key, threshold, drop_scale, dropout):
+    # One query panel (NR queries) through one key block. pt (BK·NR) holds the panel's masked
+    # scores transposed, pt[j·NR + c] for key j and query c; m, l (NR,) the running max and
+    # sum; ot (Ev', NR) the running output transposed; vs the block's values as MR-column
+    # strips. Every loop below runs along the NR queries: one vector of float32.
+    zero = ot.dtype.type(0)
+    block_max = stats[0]
+    shift = stats[1]
+    alpha = stats[2]
+    total = stats[3]
+    block_max[:] = -np.inf
+    for j in range(n_keys):
+        row = pt[j * NR:(j + 1) * NR]
+        for c in range(NR):
+            block_max[c] = row[c] if row[c] > block_max[c] else block_max[c]
+    for c in range(NR):
+        new = max(m[c], block_max[c])
+        shift[c] = zero if new == -np.inf else new  # every key so far masked: exp(-inf) = 0
+        alpha[c] = math.exp(m[c] - shift[c])        # 0 when m was -inf
+        m[c] = new
+    for j in range(n_keys):
+        row = pt[j * NR:(j + 1) * NR]
+        for c in range(NR):
+            row[c] = row[c] - shift[c]
+    n = n_keys * NR
+    exp_nonpositive_native(pt[:n], e[:n], bits32, bits)
+    total[:] = zero
+    for j in range(n_keys):
+        row = e[j * NR:(j + 1) * NR]
+        for c in range(NR):
+            total[c] += row[c]
+    for c in range(NR):
+        l[c] = l[c] * alpha[c] + total[c]           # the pre-dropout denominator
+    if dropout:
+        for j in range(n_keys):
+            for c in range(NR):
+                kept = keep(key, first + c * n_all_keys + j, threshold)
+                e[j * NR + c] = e[j * NR + c] * drop_scale if kept else zero
+    for r in range(ot.shape[0]):
+        orow = ot[r]
+        for c in range(NR):
+            orow[c] *= alpha[c]
+    for r0 in range(0, ot.shape[0], MR):            # oᵀ += vᵀ·pᵀ, MR value columns at a time
+        micro_kernel(n_keys, vs[r0 * BK:], e, tile)
+        for r in range(MR):
+            orow = ot[r0 + r]
+            for c in range(NR):
+                orow[c] += tile[r, c]
+
+
+@kernel
+def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset, scale,
+                 key, threshold, drop_scale, first, oh, lseh, wh, store_weights):
+    # One work item: query rows i0 .. i0 + rows of one head. qh (L, E), kh (S, E), vh (S, Ev)
+    # -> oh (L, Ev), lseh (L,) and, if store_weights, wh (L, S). `first` is the dropout index
+    # of weight (i, j) = (0, 0) of this head. The scores are computed transposed -- tiles of
+    # MR keys × NR queries, kᵀ-strip by q-panel -- so that each tile row is a contiguous row
+    # of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the softmax runs across queries.
+    n_keys_all, width = kh.shape
+    n_vcols = vh.shape[1]
+    vcols = (n_vcols + MR - 1) // MR * MR                  # Ev rounded up to whole strips
+    dtype = oh.dtype
+    n_panels = (rows + NR - 1) // NR
+    qp = np.empty(n_panels * width * NR, dtype)            # q·scale, NR-query panels
+    ks = np.empty((BK // MR) * width * MR, dtype)          # the key block, MR-key strips
+    vs = np.empty(vcols * BK, dtype)                       # the value block, MR-column strips
+    pt = np.empty(BK * NR, dtype)                          # one panel's scoresᵀ
+    pt_tiles = pt.reshape(BK, NR)                          # (the same memory, as tile rows)
+    e = np.empty(BK * NR, dtype)                           # ... and probabilitiesᵀ
+    bits = np.empty(BK * NR, np.int64)                     # exp's scratch (float64 ...
+    bits32 = np.empty(BK * NR, np.int32)                   # ... and float32)
+    stats = np.empty((4, NR), dtype)
+    tile = np.empty((MR, NR), dtype)
+    m = np.full(n_panels * NR, -np.inf, dtype)
+    l = np.zeros(n_panels * NR, dtype)
+    ot = np.zeros((n_panels, vcols, NR), dtype)            # the outputs, transposed
+    pack_lanes(qh, i0, rows, NR, scale, qp)
+    dropout = threshold > 0
+    # keys at or past `end` are invisible to every row of the block (causal): not computed
+    end = min(n_keys_all, max(i0 + rows + offset, 0)) if causal else n_keys_all
+    for j0 in range(0, end, BK):
+        n_keys = min(BK, n_keys_all - j0)
+        pack_lanes(kh, j0, n_keys, MR, 1.0, ks)
+        pack_columns(vh, j0, n_keys, MR, BK, vs)
+        for pn in range(n_panels):
+            c0 = pn * NR
+            for js in range(0, n_keys, MR):               # scoresᵀ = k·(q·scale)ᵀ, written
+                micro_kernel(width, ks[js * width:], qp[c0 * width:], pt_tiles[js:js + MR])
+            mask_panel(pt, n_keys, i0 + c0, rows - c0, j0, bplane, fplane, mask_kind, causal,
+                       offset)
+            if store_weights:                              # the masked scores, for now
+                for c in range(min(NR, rows - c0)):
+                    wrow = wh[i0 + c0 + c, j0:j0 + n_keys]
+                    for j in range(n_keys):
+                        wrow[j] = pt[j * NR + c]
+            panel_softmax(pt, n_keys, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e, bits32,
+                          bits, stats, tile, first + (i0 + c0) * n_keys_all + j0, n_keys_all,
+                          key, threshold, drop_scale, dropout)
+    zero = dtype.type(0)
+    for r in range(rows):
+        i = i0 + r
+        orow = oh[i]
+        panel = ot[r // NR]
+        c = r % NR
+        if l[r] == 0:                                      # every key masked
+            orow[:] = zero
+            lseh[i] = -np.inf
+        else:                                              # (NaN flows through here)
+            inv = dtype.type(1) / l[r]
+            for col in range(n_vcols):
+                orow[col] = panel[col, c] * inv
+            lseh[i] = m[r] + math.log(l[r])
+    if store_weights:
+        finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, dropout)
+
+
+@kernel
+def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, dropout):
+    # wh rows i0 .. i0 + rows hold masked scores for keys < end: turn them into the weights
+    # exp(s - lse) (∘ keep / (1 - p)); keys from `end` on were never visible: 0.
+    n_keys_all = wh.shape[1]
+    zero = wh.dtype.type(0)
+    x = np.empty(end, wh.dtype)
+    bits = np.empty(end, np.int64)
+    bits32 = np.empty(end, np.int32)
+    for r in range(rows):
+        i = i0 + r
+        wrow = wh[i]
+        shift = lseh[i] if lseh[i] != -np.inf else wh.dtype.type(np.inf)
+        for j in range(end):
+            x[j] = wrow[j] - shift
+        exp_nonpositive_native(x, wrow[:end], bits32, bits)
+        if dropout:
+            for j in range(end):
+                kept = keep(key, first + i * n_keys_all + j, threshold)
+                wrow[j] = wrow[j] * drop_scale if kept else zero
+        wrow[end:] = zero
+
+
+@parallel_kernel
+def attention_forward_kernel(q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal,
+                             offset, scale, key, threshold, drop_scale, out, lse, weights,
+                             store_weights):
+    # q (Bq, H, L, E) · k (Bk, Hkv, S, E) · v (Bv, Hkv, S, Ev), qi/ki/vi (B,): the stored
+    # batch each broadcast batch b reads; bmask/fmask (Nm, Lm, Sm) mask planes, planes (B·H,)
+    # -> out (B, H, L, Ev), lse (B, H, L), and weights (B, H, L, S) if store_weights
+    n_batch, n_heads, n_rows = lse.shape
+    n_keys = k.shape[2]
+    group = n_heads // k.shape[1]
+    n_qb = (n_rows + BQ - 1) // BQ
+    for w in prange(n_batch * n_heads * n_qb):     # each iteration owns BQ rows of one head
+        bh = w // n_qb
+        b = bh // n_heads
+        h = bh % n_heads
+        t = w % n_qb                               # zig-zag: under causal masking block t
+        qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
+        i0 = qb * BQ
+        plane = planes[bh]
+        wb = b if store_weights else 0
+        wh_ = h if store_weights else 0
+        forward_rows(q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group], i0,
+                     min(BQ, n_rows - i0), bmask[plane], fmask[plane], mask_kind, causal,
+                     offset, scale, key, threshold, drop_scale, bh * n_rows * n_keys,
+                     out[b, h], lse[b, h], weights[wb, wh_], store_weights)
+
+
+@kernel
+def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
+                   d_r, bplane, fplane, mask_kind, causal, offset, key, threshold, drop_scale,
+                   first, n_keys_all, dropout, wt, dst, dsq, ts, tdp, x, p, bits32, bits, dsh,
+                   store_ds):
+    # Every MR×NR tile of one (query block, key block) pair: scores and dout·vᵀ by the micro-
+    # kernel, then p, w, ds (module docstring); w and ds go to key strips (wt, dst) and ds
+    # also to query strips (dsq). lse_r / d_r (rows rounded up to MR): the rows' logsumexp
+    # (+inf where a row is fully masked or padding, so p = 0) and D.
+    zero = ts.dtype.type(0)
+    for s in range(n_strips):
+        r0 = s * MR
+        for c0 in range(0, n_keys, NR):
+            micro_kernel(width, qs[r0 * width:], kt[c0 * width:], ts)
+            mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, bplane, fplane,
+                      mask_kind, causal, offset)
+            micro_kernel(vwidth, dos[r0 * vwidth:], vt[c0 * vwidth:], tdp)
+            for r in range(MR):
+                for c in range(NR):
+                    x[r * NR + c] = ts[r, c] - lse_r[r0 + r]
+            exp_nonpositive_native(x, p, bits32, bits)
+            if dropout:
+                drop_tile(tdp, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
+                          + j0 + c0, n_keys_all)
+            for r in range(MR):
+                for c in range(NR):
+                    pv = p[r * NR + c]
+                    ts[r, c] = pv * (tdp[r, c] - d_r[r0 + r])        # ds
+                    tdp[r, c] = pv                                   # w, before dropout
+            store_tile(ts, dsq[s * BK * MR:], BK, c0, False)
+            store_tile(ts, dst[r0 * MR:], BQ, c0, True)
+            if store_ds:
+                for r in range(min(MR, rows - r0)):
+                    drow = dsh[i0 + r0 + r, j0 + c0:j0 + min(n_keys, c0 + NR)]
+                    for c in range(drow.shape[0]):
+                        drow[c] = ts[r, c]
+            if dropout:
+                drop_tile(tdp, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
+                          + j0 + c0, n_keys_all)
+            store_tile(tdp, wt[r0 * MR:], BQ, c0, True)
+
+
+@kernel
+def backward_block(qh, kh, vh, doh, oh, lseh, dqh, dk, dv, j0, n_keys, bplane,
+                   fplane, mask_kind, causal, offset, scale, key, threshold, drop_scale, first,
+                   dsh, store_ds, kt, vt, kp, qs, dos, qp, dop, wt, dst, dsq, lse_r, d_r, ts,
+                   tdp, x, p, bits32, bits):
+    # One key block (keys j0 .. j0 + n_keys) against every query block of one query head that
+    # can see it: dk, dv (BK, E/Ev) accumulate the block's gradients; dqh (L, E) gets ds·k.
+    n_rows, width = qh.shape
+    vwidth = vh.shape[1]
+    n_keys_all = kh.shape[0]
+    dropout = threshold > 0
+    inf = qh.dtype.type(np.inf)
+    start = max(j0 - offset, 0) // BQ * BQ if causal else 0   # earlier rows see none of it
+    for i0 in range(start, n_rows, BQ):
+        rows = min(BQ, n_rows - i0)
+        n_strips = (rows + MR - 1) // MR
+        pack_lanes(qh, i0, rows, MR, scale, qs)
+        pack_lanes(doh, i0, rows, MR, 1.0, dos)
+        pack_columns(qh, i0, rows, NR, BQ, qp)
+        pack_columns(doh, i0, rows, NR, BQ, dop)
+        for r in range(n_strips * MR):
+            if r < rows:
+                lse_i = lseh[i0 + r]
+                lse_r[r] = inf if lse_i == -np.inf else lse_i
+                total = qh.dtype.type(0)
+                for c in range(vwidth):
+                    total += doh[i0 + r, c] * oh[i0 + r, c]
+                d_r[r] = total
+            else:
+                lse_r[r] = inf
+                d_r[r] = 0
+        backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
+                       d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
+                       drop_scale, first, n_keys_all, dropout, wt, dst, dsq, ts, tdp, x, p,
+                       bits32, bits, dsh, store_ds)
+        one = qh.dtype.type(1)
+        for ks in range((n_keys + MR - 1) // MR):         # dv += wᵀ·dout, dk += dsᵀ·q
+            for c0 in range(0, vwidth, NR):
+                micro_kernel(rows, wt[ks * BQ * MR:], dop[(c0 // NR) * BQ * NR:], ts)
+                add_tile(ts, dv, ks * MR, n_keys - ks * MR, c0, vwidth, one)
+            for c0 in range(0, width, NR):
+                micro_kernel(rows, dst[ks * BQ * MR:], qp[(c0 // NR) * BQ * NR:], ts)
+                add_tile(ts, dk, ks * MR, n_keys - ks * MR, c0, width, one)
+        for s in range(n_strips):                          # dq += ds·k
+            for c0 in range(0, width, NR):
+                micro_kernel(n_keys, dsq[s * BK * MR:], kp[(c0 // NR) * BK * NR:], ts)
+                add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width, one)
+
+
+@parallel_kernel
+def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask, planes,
+                              mask_kind, causal, offset, scale, key, threshold, drop_scale,
+                              dq_parts, dk, dv, dscores, store_ds):
+    # q, k, v, qi, ki, vi, masks as forward; dout, out (B, H, L, Ev), lse (B, H, L) ->
+    # dq_parts (n_splits, B, H, L, E) unscaled (the caller sums the splits and scales),
+    # dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, dscores (B, H, L, S) if
+    # store_ds (the gradient of the scores: a float mask's gradient before un-broadcasting)
+    n_splits = dq_parts.shape[0]
+    n_batch, n_heads, n_rows = lse.shape
+    n_kv = k.shape[1]
+    n_keys_all, width = k.shape[2], k.shape[3]
+    vwidth = v.shape[3]
+    group = n_heads // n_kv
+    n_kb = (n_keys_all + BK - 1) // BK
+    dtype = q.dtype
+    for w in prange(n_batch * n_kv * n_splits):   # each iteration owns dk, dv of its key
+        b = w // (n_kv * n_splits)                # blocks and dq_parts[split] of its heads
+        g = (w // n_splits) % n_kv
+        split = w % n_splits
+        kt = np.empty((BK // NR) * width * NR, dtype)
+        vt = np.empty((BK // NR) * vwidth * NR, dtype)
+        kp = np.empty(((width + NR - 1) // NR) * BK * NR, dtype)
+        qs = np.empty(BQ * width, dtype)
+        dos = np.empty(BQ * vwidth, dtype)
+        qp = np.empty(((width + NR - 1) // NR) * BQ * NR, dtype)
+        dop = np.empty(((vwidth + NR - 1) // NR) * BQ * NR, dtype)
+        wt = np.empty(BK * BQ, dtype)
+        dst = np.empty(BK * BQ, dtype)
+        dsq = np.empty(BQ * BK, dtype)
+        lse_r = np.empty(BQ, dtype)
+        d_r = np.empty(BQ, dtype)
+        ts = np.empty((MR, NR), dtype)
+        tdp = np.empty((MR, NR), dtype)
+        x = np.empty(TILE, dtype)
+        p = np.empty(TILE, dtype)
+        bits = np.empty(TILE, np.int64)
+        bits32 = np.empty(TILE, np.int32)
+        kb_all = k[ki[b], g]
+        vb_all = v[vi[b], g]
+        dkb = dk[b, g]
+        dvb = dv[b, g]
+        dk_acc = np.empty((BK, width), dtype)
+        dv_acc = np.empty((BK, vwidth), dtype)
+        for kb in range(split, n_kb, n_splits):   # interleaved: causal cost evens out
+            j0 = kb * BK
+            n_keys = min(BK, n_keys_all - j0)
+            pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt)
+            pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt)
+            pack_columns(kb_all, j0, n_keys, NR, BK, kp)
+            dk_acc[:] = 0
+            dv_acc[:] = 0
+            for h in range(g * group, (g + 1) * group):
+                bh = b * n_heads + h
+                plane = planes[bh]
+                sb = b if store_ds else 0
+                sh = h if store_ds else 0
+                backward_block(q[qi[b], h], kb_all, vb_all, dout[b, h], out[b, h], lse[b, h],
+                               dq_parts[split, b, h], dk_acc, dv_acc, j0, n_keys,
+                               bmask[plane], fmask[plane], mask_kind, causal, offset, scale,
+                               key, threshold, drop_scale, bh * n_rows * n_keys_all,
+                               dscores[sb, sh], store_ds, kt, vt, kp, qs, dos, qp, dop, wt,
+                               dst, dsq, lse_r, d_r, ts, tdp, x, p, bits32, bits)
+            for j in range(n_keys):
+                for c in range(width):
+                    dkb[j0 + j, c] = dk_acc[j, c] * scale
+                for c in range(vwidth):
+                    dvb[j0 + j, c] = dv_acc[j, c]
