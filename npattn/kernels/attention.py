@@ -111,6 +111,9 @@ def mask_tile(tile, i0, rows, j0, cols, bplane, fplane, mask_kind, causal, offse
     # does not take part: past the last row or key, a False in a bool mask, or above the
     # causal diagonal (j > i + offset); a float mask is added. bplane/fplane (Lm, Sm) are
     # read through their broadcast shape.
+    if (mask_kind == NO_MASK and rows >= MR and cols >= NR
+            and (not causal or j0 + NR - 1 <= i0 + offset)):
+        return                                     # the common case: every key visible
     minus_inf = tile.dtype.type(-np.inf)
     cols = min(cols, NR)
     for r in range(MR):
@@ -140,25 +143,6 @@ def mask_tile(tile, i0, rows, j0, cols, bplane, fplane, mask_kind, causal, offse
                     row[c] += frow[j0 + c]
         for c in range(visible, NR):
             row[c] = minus_inf
-
-
-@kernel
-def store_tile(tile, lanes_out, capacity, j_first, transposed):
-    # Copy an MR×NR tile (queries × keys, the tile's keys starting at key j_first of the
-    # block) into a strip buffer: query strips (lanes_out[(j_first + c)·MR + r], one strip of
-    # `capacity` keys) or, transposed, key strips (lanes_out[((j_first + c) // MR · capacity
-    # + r)·MR + (j_first + c) % MR], strips of MR keys over `capacity` queries).
-    if transposed:
-        for c in range(NR):
-            j = j_first + c
-            base = ((j // MR) * capacity) * MR + j % MR
-            for r in range(MR):
-                lanes_out[base + r * MR] = tile[r, c]
-    else:
-        for c in range(NR):
-            dst = lanes_out[(j_first + c) * MR:(j_first + c + 1) * MR]
-            for r in range(MR):
-                dst[r] = tile[r, c]
 
 
 @kernel
@@ -383,13 +367,14 @@ def attention_forward_kernel(q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kin
 @kernel
 def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
                    d_r, bplane, fplane, mask_kind, causal, offset, key, threshold, drop_scale,
-                   first, n_keys_all, dropout, wt, dst, dsq, ts, tdp, x, p, bits32, bits, dsh,
+                   first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, x, p, bits32, bits, dsh,
                    store_ds):
-    # Every MR×NR tile of one (query block, key block) pair: scores and dout·vᵀ by the micro-
-    # kernel, then p, w, ds (module docstring); w and ds go to key strips (wt, dst) and ds
-    # also to query strips (dsq). lse_r / d_r (rows rounded up to MR): the rows' logsumexp
-    # (+inf where a row is fully masked or padding, so p = 0) and D.
-    zero = ts.dtype.type(0)
+    # Every MR×NR tile (MR queries × NR keys) of one (query block, key block) pair: scores and
+    # dout·vᵀ by the micro-kernel, then p, w and ds (module docstring). w and ds are stored
+    # row by row into key panels (wp, dsp: [(panel·BQ + i)·NR + c], queries i as p -- the B
+    # operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds), and ds transposed into query strips (dsq,
+    # for dq += ds·k). lse_r / d_r (rows rounded up to MR): the rows' logsumexp (+inf where a
+    # row is fully masked or padding, so p = 0) and D.
     for s in range(n_strips):
         r0 = s * MR
         for c0 in range(0, n_keys, NR):
@@ -404,31 +389,44 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
             if dropout:
                 drop_tile(tdp, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
                           + j0 + c0, n_keys_all)
+            panel = (c0 // NR) * BQ * NR
             for r in range(MR):
+                drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
+                wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                 for c in range(NR):
                     pv = p[r * NR + c]
-                    ts[r, c] = pv * (tdp[r, c] - d_r[r0 + r])        # ds
-                    tdp[r, c] = pv                                   # w, before dropout
-            store_tile(ts, dsq[s * BK * MR:], BK, c0, False)
-            store_tile(ts, dst[r0 * MR:], BQ, c0, True)
+                    drow[c] = pv * (tdp[r, c] - d_r[r0 + r])          # ds
+                    wrow[c] = pv                                      # w, before dropout
+            strip = dsq[s * BK * MR:(s + 1) * BK * MR]
+            for c in range(NR):
+                col = strip[(c0 + c) * MR:(c0 + c + 1) * MR]
+                for r in range(MR):
+                    col[r] = dsp[panel + (r0 + r) * NR + c]
             if store_ds:
                 for r in range(min(MR, rows - r0)):
-                    drow = dsh[i0 + r0 + r, j0 + c0:j0 + min(n_keys, c0 + NR)]
-                    for c in range(drow.shape[0]):
-                        drow[c] = ts[r, c]
+                    out = dsh[i0 + r0 + r, j0 + c0:j0 + min(n_keys, c0 + NR)]
+                    for c in range(out.shape[0]):
+                        out[c] = dsp[panel + (r0 + r) * NR + c]
             if dropout:
-                drop_tile(tdp, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
+                tile = tdp                                            # (free again)
+                for r in range(MR):
+                    for c in range(NR):
+                        tile[r, c] = wp[panel + (r0 + r) * NR + c]
+                drop_tile(tile, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
                           + j0 + c0, n_keys_all)
-            store_tile(tdp, wt[r0 * MR:], BQ, c0, True)
+                for r in range(MR):
+                    for c in range(NR):
+                        wp[panel + (r0 + r) * NR + c] = tile[r, c]
 
 
 @kernel
-def backward_block(qh, kh, vh, doh, oh, lseh, dqh, dk, dv, j0, n_keys, bplane,
-                   fplane, mask_kind, causal, offset, scale, key, threshold, drop_scale, first,
-                   dsh, store_ds, kt, vt, kp, qs, dos, qp, dop, wt, dst, dsq, lse_r, d_r, ts,
-                   tdp, x, p, bits32, bits):
+def backward_block(qh, kh, vh, doh, oh, lseh, dqh, dkt, dvt, j0, n_keys, bplane, fplane,
+                   mask_kind, causal, offset, scale, key, threshold, drop_scale, first, dsh,
+                   store_ds, kt, vt, kp, qs, dos, qc, doc, wp, dsp, dsq, lse_r, d_r, ts, tdp,
+                   x, p, bits32, bits):
     # One key block (keys j0 .. j0 + n_keys) against every query block of one query head that
-    # can see it: dk, dv (BK, E/Ev) accumulate the block's gradients; dqh (L, E) gets ds·k.
+    # can see it: dkt, dvt (E', BK), (Ev', BK) accumulate the block's gradients transposed;
+    # dqh (L, E) gets ds·k.
     n_rows, width = qh.shape
     vwidth = vh.shape[1]
     n_keys_all = kh.shape[0]
@@ -438,10 +436,10 @@ def backward_block(qh, kh, vh, doh, oh, lseh, dqh, dk, dv, j0, n_keys, bplane,
     for i0 in range(start, n_rows, BQ):
         rows = min(BQ, n_rows - i0)
         n_strips = (rows + MR - 1) // MR
-        pack_lanes(qh, i0, rows, MR, scale, qs)
-        pack_lanes(doh, i0, rows, MR, 1.0, dos)
-        pack_columns(qh, i0, rows, NR, BQ, qp)
-        pack_columns(doh, i0, rows, NR, BQ, dop)
+        pack_lanes(qh, i0, rows, MR, scale, qs)            # q·scale, query strips
+        pack_lanes(doh, i0, rows, MR, 1.0, dos)            # dout, query strips
+        pack_columns(qh, i0, rows, MR, BQ, qc)             # qᵀ, MR-column strips over queries
+        pack_columns(doh, i0, rows, MR, BQ, doc)           # doutᵀ, likewise
         for r in range(n_strips * MR):
             if r < rows:
                 lse_i = lseh[i0 + r]
@@ -455,20 +453,30 @@ def backward_block(qh, kh, vh, doh, oh, lseh, dqh, dk, dv, j0, n_keys, bplane,
                 d_r[r] = 0
         backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
                        d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
-                       drop_scale, first, n_keys_all, dropout, wt, dst, dsq, ts, tdp, x, p,
+                       drop_scale, first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, x, p,
                        bits32, bits, dsh, store_ds)
+        for c0 in range(0, n_keys, NR):                    # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
+            panel = (c0 // NR) * BQ * NR
+            for r0 in range(0, dvt.shape[0], MR):
+                micro_kernel(rows, doc[r0 * BQ:], wp[panel:], ts)
+                accumulate_tile(ts, dvt, r0, c0)
+            for r0 in range(0, dkt.shape[0], MR):
+                micro_kernel(rows, qc[r0 * BQ:], dsp[panel:], ts)
+                accumulate_tile(ts, dkt, r0, c0)
         one = qh.dtype.type(1)
-        for ks in range((n_keys + MR - 1) // MR):         # dv += wᵀ·dout, dk += dsᵀ·q
-            for c0 in range(0, vwidth, NR):
-                micro_kernel(rows, wt[ks * BQ * MR:], dop[(c0 // NR) * BQ * NR:], ts)
-                add_tile(ts, dv, ks * MR, n_keys - ks * MR, c0, vwidth, one)
-            for c0 in range(0, width, NR):
-                micro_kernel(rows, dst[ks * BQ * MR:], qp[(c0 // NR) * BQ * NR:], ts)
-                add_tile(ts, dk, ks * MR, n_keys - ks * MR, c0, width, one)
         for s in range(n_strips):                          # dq += ds·k
             for c0 in range(0, width, NR):
                 micro_kernel(n_keys, dsq[s * BK * MR:], kp[(c0 // NR) * BK * NR:], ts)
                 add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width, one)
+
+
+@kernel
+def accumulate_tile(tile, dst, r0, c0):
+    # dst[r0:r0 + MR, c0:c0 + NR] += tile, dst (R, C) with R, C whole tiles
+    for r in range(MR):
+        drow = dst[r0 + r, c0:c0 + NR]
+        for c in range(NR):
+            drow[c] += tile[r, c]
 
 
 @parallel_kernel
@@ -484,6 +492,8 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
     n_kv = k.shape[1]
     n_keys_all, width = k.shape[2], k.shape[3]
     vwidth = v.shape[3]
+    wcols = (width + MR - 1) // MR * MR                   # E and Ev rounded up to whole strips
+    vcols = (vwidth + MR - 1) // MR * MR
     group = n_heads // n_kv
     n_kb = (n_keys_all + BK - 1) // BK
     dtype = q.dtype
@@ -496,10 +506,10 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
         kp = np.empty(((width + NR - 1) // NR) * BK * NR, dtype)
         qs = np.empty(BQ * width, dtype)
         dos = np.empty(BQ * vwidth, dtype)
-        qp = np.empty(((width + NR - 1) // NR) * BQ * NR, dtype)
-        dop = np.empty(((vwidth + NR - 1) // NR) * BQ * NR, dtype)
-        wt = np.empty(BK * BQ, dtype)
-        dst = np.empty(BK * BQ, dtype)
+        qc = np.empty(wcols * BQ, dtype)
+        doc = np.empty(vcols * BQ, dtype)
+        wp = np.empty(BK * BQ, dtype)
+        dsp = np.empty(BK * BQ, dtype)
         dsq = np.empty(BQ * BK, dtype)
         lse_r = np.empty(BQ, dtype)
         d_r = np.empty(BQ, dtype)
@@ -513,29 +523,29 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
         vb_all = v[vi[b], g]
         dkb = dk[b, g]
         dvb = dv[b, g]
-        dk_acc = np.empty((BK, width), dtype)
-        dv_acc = np.empty((BK, vwidth), dtype)
+        dkt = np.empty((wcols, BK), dtype)        # the key block's dk and dv, transposed
+        dvt = np.empty((vcols, BK), dtype)
         for kb in range(split, n_kb, n_splits):   # interleaved: causal cost evens out
             j0 = kb * BK
             n_keys = min(BK, n_keys_all - j0)
             pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt)
             pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt)
             pack_columns(kb_all, j0, n_keys, NR, BK, kp)
-            dk_acc[:] = 0
-            dv_acc[:] = 0
+            dkt[:] = 0
+            dvt[:] = 0
             for h in range(g * group, (g + 1) * group):
                 bh = b * n_heads + h
                 plane = planes[bh]
                 sb = b if store_ds else 0
                 sh = h if store_ds else 0
                 backward_block(q[qi[b], h], kb_all, vb_all, dout[b, h], out[b, h], lse[b, h],
-                               dq_parts[split, b, h], dk_acc, dv_acc, j0, n_keys,
-                               bmask[plane], fmask[plane], mask_kind, causal, offset, scale,
-                               key, threshold, drop_scale, bh * n_rows * n_keys_all,
-                               dscores[sb, sh], store_ds, kt, vt, kp, qs, dos, qp, dop, wt,
-                               dst, dsq, lse_r, d_r, ts, tdp, x, p, bits32, bits)
+                               dq_parts[split, b, h], dkt, dvt, j0, n_keys, bmask[plane],
+                               fmask[plane], mask_kind, causal, offset, scale, key, threshold,
+                               drop_scale, bh * n_rows * n_keys_all, dscores[sb, sh], store_ds,
+                               kt, vt, kp, qs, dos, qc, doc, wp, dsp, dsq, lse_r, d_r, ts, tdp,
+                               x, p, bits32, bits)
             for j in range(n_keys):
                 for c in range(width):
-                    dkb[j0 + j, c] = dk_acc[j, c] * scale
+                    dkb[j0 + j, c] = dkt[c, j] * scale
                 for c in range(vwidth):
-                    dvb[j0 + j, c] = dv_acc[j, c]
+                    dvb[j0 + j, c] = dvt[c, j]
