@@ -6,8 +6,9 @@ Both float32 implementations get the same float32 inputs; the truth is ``npattn.
 float64 on those inputs. The error of an entry is measured in units of
 ``eps32 · (|want| + scale)``, where ``scale`` is the magnitude of the terms the entry sums
 (``|a|·|b|`` for a product; 0 for softmax's outputs, whose error is relative to each entry;
-1 for log_softmax's; the magnitudes of the terms of dx for the backwards): the unit in which
-summation error bounds are written. The table gives the median and the maximum over every
+1 for log_softmax's; the magnitudes of the terms of dx for the backwards; Σ_j p_ij·|v_j| for
+attention's output; the largest gradient entry for attention's gradients, i.e. normwise): the
+unit in which summation error bounds are written. The table gives the median and the maximum over every
 entry of every output.
 """
 import argparse
@@ -79,6 +80,25 @@ def cases(rng, torch):
                torch and _torch_grads(torch, lambda t: theirs(t, -1), dout, logits),
                (getattr(reference, f"{name}_backward")(*f64(dout), y64[name]),),
                (bwd_scale[name],))
+
+    q, k, v, dout = (f32(2, 4, 256, 64) for _ in range(4))
+    for causal in (False, True):
+        label = "attention " + ("causal " if causal else "") + "[2,4,256,64]"
+        mask = np.tril(np.ones((256, 256), bool)) if causal else None
+        out64, weights64 = reference.attention_forward(*f64(q, k, v), mask=mask)
+        scale_out = weights64 @ np.abs(v.astype(np.float64))      # |terms| of each output
+        yield (f"{label} fwd", (npattn.scaled_dot_product_attention(q, k, v, is_causal=causal),),
+               torch and (F.scaled_dot_product_attention(*tt(q, k, v), is_causal=causal)
+                          .numpy(),),
+               (out64,), (scale_out,))
+        ours = npattn.scaled_dot_product_attention_forward(q, k, v, is_causal=causal)
+        want = reference.attention_backward(*f64(dout, q, k, v), mask=mask)[:3]
+        yield (f"{label} bwd",
+               npattn.scaled_dot_product_attention_backward(dout, q, k, v, *ours,
+                                                            is_causal=causal),
+               torch and _torch_grads(torch, lambda *t: F.scaled_dot_product_attention(
+                   *t, is_causal=causal), dout, q, k, v),
+               want, [np.full(w.shape, np.abs(w).max()) for w in want])  # normwise
 
 
 def error_units(got, want, scale):
