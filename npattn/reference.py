@@ -154,7 +154,7 @@ def attention_backward(dout, query, key, value, mask=None, keep=None, dropout_p=
     return dquery, dkey, dvalue, dmask
 
 
-# ------------------------------------------------------------------------- scaled dot-product attention
+# --------------------------------------------------------------- scaled dot-product attention
 
 CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 

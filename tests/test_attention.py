@@ -1,0 +1,741 @@
+"""scaled_dot_product_attention and the article's attention(), forward and backward, against the
+float64 textbook (npattn.reference) and against PyTorch's SDPA.
+
+One strategy draws every code path at once: broadcast batch dims, grouped-query heads, L != S
+(0, 1, ragged, several key blocks of 128), E != Ev (1, 3, 17, 80, ...), both dtypes, every mask
+kind and broadcast shape, causal in both alignments, custom scales (negative too), seeded
+dropout and any memory layout. Tolerances follow closeness.py: each result's reduction length n
+and the magnitude of its terms; the error of a score (E products of |q||k|) moves every weight
+of its row, so the magnitudes are multiplied by ``amp`` = 1 + 2·max_j |score terms|.
+"""
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from closeness import abs64, assert_close, f64
+from npattn import (attention, attention_backward, attention_forward, dropout_mask, reference,
+                    scaled_dot_product_attention, scaled_dot_product_attention_backward,
+                    scaled_dot_product_attention_forward)
+from strategies import DTYPES, dtypes, layouts, lay_out, make_values
+
+ALIGNMENTS = ("top-left", "bottom-right")
+MASK_KINDS = ("none", "bool", "float")
+WIDTHS = st.one_of(st.sampled_from([1, 3, 16, 17, 64, 80, 130]), st.integers(1, 20))  # E, Ev
+BLOCK_EDGES = (15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
+
+
+# ------------------------------------------------------------------ one drawn call
+
+@dataclass
+class Case:
+    """The arguments of one call (arrays in their drawn dtype and layout) and what follows."""
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    dout: np.ndarray
+    attn_mask: object = None
+    dropout_p: float = 0.0
+    seed: object = None
+    is_causal: bool = False
+    causal_alignment: str = "top-left"
+    scale: object = None
+    enable_gqa: bool = False
+
+    def __repr__(self):                     # shapes and options, not pages of numbers
+        def describe(a):
+            if a is None:
+                return "None"
+            return (f"{a.dtype}{a.shape} strides={a.strides}"
+                    f"{'' if a.flags.writeable else ' readonly'}")
+        arrays = ", ".join(f"{n}={describe(getattr(self, n))}"
+                           for n in ("query", "key", "value", "attn_mask"))
+        return (f"Case({arrays}, dropout_p={self.dropout_p!r}, seed={self.seed!r}, "
+                f"is_causal={self.is_causal}, causal_alignment={self.causal_alignment!r}, "
+                f"scale={self.scale!r}, enable_gqa={self.enable_gqa})")
+
+    def _repr_pretty_(self, printer, cycle):   # Hypothesis prints this
+        printer.text(repr(self))
+
+    @property
+    def dtype(self):
+        return self.query.dtype
+
+    @property
+    def heads(self):
+        return self.query.ndim > 2
+
+    @property
+    def batch(self):
+        """The broadcast batch dims (before the head dim); () for 3-D and 2-D inputs."""
+        if not self.heads:
+            return ()
+        return np.broadcast_shapes(*(a.shape[:-3] for a in (self.query, self.key, self.value)))
+
+    @property
+    def weights_shape(self):
+        """(batch..., H, L, S), or (L, S) for 2-D inputs."""
+        L, S = self.query.shape[-2], self.key.shape[-2]
+        return self.batch + (self.query.shape[-3], L, S) if self.heads else (L, S)
+
+    @property
+    def group(self):
+        if not (self.enable_gqa and self.heads):
+            return 1
+        return self.query.shape[-3] // self.key.shape[-3]
+
+    @property
+    def scale_value(self):
+        return 1 / math.sqrt(self.query.shape[-1]) if self.scale is None else self.scale
+
+    def kwargs(self):
+        return dict(attn_mask=self.attn_mask, dropout_p=self.dropout_p, is_causal=self.is_causal,
+                    scale=self.scale, enable_gqa=self.enable_gqa, seed=self.seed,
+                    causal_alignment=self.causal_alignment)
+
+    def attention_kwargs(self):
+        """attention()'s keywords (the mask and dropout_p go positionally; no enable_gqa)."""
+        return dict(scale=self.scale, is_causal=self.is_causal, seed=self.seed,
+                    causal_alignment=self.causal_alignment)
+
+    def keep(self):
+        """The contract's keep-mask: dropout_mask((B, H, L, S), p, seed) in the weights' shape."""
+        if self.dropout_p == 0:
+            return None
+        shape = self.weights_shape
+        flat = (math.prod(shape[:-3]),) + shape[-3:] if self.heads else (1, 1) + shape
+        return dropout_mask(flat, self.dropout_p, self.seed).reshape(shape)
+
+    def mask64(self):
+        m = self.attn_mask
+        if m is None:
+            return None
+        return np.array(m, dtype=bool if m.dtype == bool else np.float64)
+
+    def reference_kwargs(self):
+        return dict(attn_mask=self.mask64(), keep=self.keep(), dropout_p=self.dropout_p,
+                    is_causal=self.is_causal, scale=self.scale, enable_gqa=self.enable_gqa,
+                    causal_alignment=self.causal_alignment)
+
+    def reference_forward(self):
+        q, k, v = f64(self.query, self.key, self.value)
+        with np.errstate(invalid="ignore"):
+            return reference.scaled_dot_product_attention_forward(q, k, v,
+                                                                  **self.reference_kwargs())
+
+    def reference_backward(self):
+        dout, q, k, v = f64(self.dout, self.query, self.key, self.value)
+        with np.errstate(invalid="ignore"):
+            return reference.scaled_dot_product_attention_backward(dout, q, k, v,
+                                                                   **self.reference_kwargs())
+
+    def reference_weights(self, nan_to_zero=False):
+        """float64 weights before and after dropout, with kv heads repeated for GQA."""
+        q, k, v = f64(self.query, self.key, self.value)
+        if nan_to_zero:
+            q, k, v = (np.nan_to_num(a, nan=0.0) for a in (q, k, v))
+        if self.group > 1:
+            k, v = (np.repeat(a, self.group, axis=-3) for a in (k, v))
+        mask = self.mask64()
+        if self.is_causal:
+            causal = reference.causal_mask(q.shape[-2], k.shape[-2], self.causal_alignment)
+            mask = causal if mask is None else (
+                mask & causal if mask.dtype == bool else mask + np.where(causal, 0.0, -np.inf))
+        _, probs = reference.attention_forward(q, k, v, mask, scale=self.scale_value)
+        _, weights = reference.attention_forward(q, k, v, mask, self.keep(), self.dropout_p,
+                                                 self.scale_value)
+        shape = self.weights_shape                       # value's batch dims too
+        return np.broadcast_to(probs, shape), np.broadcast_to(weights, shape)
+
+
+def sum_to(x, shape):
+    """Sum x over the dims that broadcasting to x's shape added or stretched from ``shape``."""
+    x = x.sum(axis=tuple(range(x.ndim - len(shape))))
+    return x.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True)
+
+
+def bounds(case, amplify=True):
+    """(n, scale) of every result, for assert_close's 4·eps·n·(|want| + scale).
+
+    n counts the terms summed (over S for output rows, over L and the broadcast copies for
+    dkey, ...) plus E and Ev for the products inside; scale is the sum of the terms' magnitudes,
+    computed with |q|, |k|, |v|, |dout| and the float64 weights. ``amplify=False`` drops the
+    ``amp`` factor: right when each weight is exact (0 or 1), as with huge logits.
+    """
+    q, k, v, dout = (np.nan_to_num(a, nan=0.0) for a in
+                     abs64(case.query, case.key, case.value, case.dout))
+    group = case.group
+    if group > 1:
+        k, v = (np.repeat(a, group, axis=-3) for a in (k, v))
+    s = abs(case.scale_value)
+    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    terms = s * (q @ np.swapaxes(k, -1, -2))             # |scale|·|q_i|·|k_j| (batch..., H, L, S)
+    mask = case.mask64()
+    if mask is not None and mask.dtype != bool:
+        terms = terms + np.where(np.isinf(mask), 0.0, np.abs(mask))
+    terms = np.broadcast_to(terms, case.weights_shape)
+    top = terms.max(axis=-1, keepdims=True, initial=0.0)  # (..., L, 1)
+    amp = 1 + 2 * top if amplify else np.ones_like(top)
+    probs, weights = case.reference_weights(nan_to_zero=True)
+    keep = case.keep()
+    # A weight below the dtype's smallest normal number may come out as 0 (an absolute error
+    # up to `tiny`, which n·eps·|want| cannot cover): count every weight as at least tiny/eps.
+    floor = np.finfo(case.dtype).tiny / np.finfo(case.dtype).eps
+    probs = probs + floor
+    weights = weights + (floor if keep is None else
+                         reference.dropout_forward(np.full(weights.shape, floor), keep,
+                                                   case.dropout_p))
+
+    def kv_heads(x):                                     # (batch..., H, ·, ·) -> Hkv heads
+        if group == 1:
+            return x
+        return x.reshape(*x.shape[:-3], x.shape[-3] // group, group, *x.shape[-2:]).sum(-3)
+
+    def copies(shape):                         # query heads (batch..., H) per input (..., H or Hkv)
+        full = math.prod(case.weights_shape[:-2])
+        return max(full // max(math.prod(shape), 1), 1)
+
+    dprobs = dout @ np.swapaxes(v, -1, -2)               # |dout_i|·|v_j|  (..., L, S)
+    if keep is not None:
+        dprobs = reference.dropout_forward(dprobs, keep, case.dropout_p)
+    dscores = probs * (dprobs + np.sum(probs * dprobs, axis=-1, keepdims=True)) * amp
+    b = {
+        "output": (S + E, (weights * amp) @ v),
+        "logsumexp": (S + E, 1 + top[..., 0]),
+        "weights": (S + E, weights * amp),
+        "dquery": (S * copies(case.query.shape[:-2]) + E + Ev,
+                   sum_to(s * (dscores @ k), case.query.shape)),
+        "dkey": (L * copies(case.key.shape[:-2]) + S + E + Ev,
+                 sum_to(kv_heads(s * (np.swapaxes(dscores, -1, -2) @ q)), case.key.shape)),
+        "dvalue": (L * copies(case.value.shape[:-2]) + S + E,
+                   sum_to(kv_heads(np.swapaxes(weights * amp, -1, -2) @ dout),
+                          case.value.shape)),
+    }
+    if mask is not None and mask.dtype != bool:
+        b["dmask"] = (math.prod(case.weights_shape) // max(mask.size, 1) + S + E + Ev,
+                      sum_to(np.broadcast_to(dscores, case.weights_shape), mask.shape))
+    return b
+
+
+def check(name, got, want, case, b):
+    n, scale = b[name]
+    assert_close(got, want, dtype=case.dtype, n=n, scale=scale)
+
+
+GRAD_NAMES = ("dquery", "dkey", "dvalue", "dmask")
+
+
+# ------------------------------------------------------------------ the strategy
+
+def lengths(max_value):
+    """L or S: 1 often, sometimes 0 (nothing to attend to / no queries), block edges, else up
+    to max."""
+    edges = [n for n in BLOCK_EDGES if n <= max_value]
+    return st.one_of(st.just(1), st.integers(1, max_value), st.integers(1, max_value),
+                     st.sampled_from(edges) if edges else st.integers(1, max_value),
+                     st.integers(0, 19).map(lambda r: 0 if r == 0 else 2))
+
+
+@st.composite
+def batch_dims(draw, max_ndim, max_dim):
+    """Batch dims of query, key and value that broadcast together, e.g. (2, 1), (3,) and (2, 3)."""
+    ndim = min(draw(st.sampled_from([1, 2, 0])), max_ndim)
+    full = [min(draw(st.sampled_from([2, 1, 3])), max_dim) for _ in range(ndim)]
+    if full and draw(st.integers(0, 19)) == 0:
+        full[0] = 0                                      # an empty batch
+    out = []
+    for _ in range(3):
+        mine = [n if draw(st.integers(0, 2)) else 1 for n in full]
+        out.append(tuple(mine[draw(st.integers(0, len(mine))):]))
+    return out
+
+
+@st.composite
+def mask_shapes(draw, target):
+    """A shape that broadcasts to ``target`` = (batch..., H, L, S), e.g. (L, S), (B, 1, 1, S)."""
+    L, S = target[-2:]
+    named = [(L, S), (1, S), (L, 1), (S,), target]
+    shape = draw(st.sampled_from(named + ["random"]))
+    if shape != "random":
+        return shape
+    dims = [n if draw(st.booleans()) else 1 for n in target]
+    return tuple(dims[draw(st.integers(0, len(dims) - 1)):])      # at least 1-D
+
+
+@st.composite
+def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", "wide")):
+    """One call of scaled_dot_product_attention: every argument, any layout, and a dout."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dtype = draw(dtypes)
+    size = draw(st.sampled_from(["small", "small", "small", "medium", "large"]))
+    if size == "small":
+        L, S, max_ndim, max_dim, max_hkv = draw(lengths(24)), draw(lengths(24)), 2, 3, 3
+    elif size == "medium":                               # straddles 16, 64 and 128
+        L, S, max_ndim, max_dim, max_hkv = draw(lengths(140)), draw(lengths(140)), 1, 2, 2
+    else:                                                # several key or query blocks of 128
+        L, S, max_ndim, max_dim, max_hkv = draw(lengths(300)), draw(lengths(300)), 1, 1, 1
+        S = S if S > 128 else draw(st.integers(129, 300))
+        if draw(st.booleans()):
+            L, S = S, L
+    E, Ev = draw(WIDTHS), draw(WIDTHS)
+
+    def array(shape, kind=None):
+        values = make_values(rng, shape, dtype, kind or draw(st.sampled_from(kinds)))
+        return lay_out(values, draw(layouts), rng)
+
+    if draw(st.integers(0, 9)) == 0:                     # 2-D: no head dim
+        q_shape, k_shape, v_shape = (L, E), (S, E), (S, Ev)
+        enable_gqa = False
+    else:
+        hkv = min(draw(st.sampled_from([2, 1, 3])), max_hkv)
+        group = draw(st.sampled_from([2, 1, 3])) if gqa else 1
+        if size == "large":
+            group = min(group, 2)
+        enable_gqa = group > 1 or (gqa and draw(st.booleans()))
+        qb, kb, vb = draw(batch_dims(max_ndim, max_dim))
+        q_shape = qb + (hkv * group, L, E)
+        k_shape, v_shape = kb + (hkv, S, E), vb + (hkv, S, Ev)
+    case = Case(array(q_shape), array(k_shape), array(v_shape), None)
+    case.dout = array(case.weights_shape[:-1] + (Ev,), "normal")
+    case.enable_gqa = enable_gqa
+
+    kind = draw(st.sampled_from(masks))
+    if kind != "none":
+        shape = draw(mask_shapes(case.weights_shape))
+        if kind == "bool":
+            mask = rng.random(shape) < 0.75
+            mask[rng.random(shape[:-1]) < 0.15] = False  # whole rows masked
+        else:
+            mask = make_values(rng, shape, dtype, "masked")  # -inf entries and -inf rows
+        case.attn_mask = lay_out(mask, draw(layouts), rng)
+    if dropout and draw(st.booleans()):
+        case.dropout_p = draw(st.one_of(st.sampled_from([0.1, 0.5, 0.9, 1.0]),
+                                        st.floats(0.0, 1.0)))
+        case.seed = draw(st.integers(0, 2**64 - 1))
+    elif draw(st.booleans()):
+        case.seed = draw(st.integers(0, 2**64 - 1))      # a seed without dropout changes nothing
+    case.is_causal = draw(st.booleans())
+    case.causal_alignment = draw(st.sampled_from(ALIGNMENTS))   # ignored unless causal
+    factor = draw(st.none() | st.floats(-2.0, 2.0))
+    case.scale = None if factor is None else factor / math.sqrt(E)
+    return case
+
+
+# ------------------------------------------------------------------ against the textbook
+
+@given(case=sdpa_cases())
+def test_forward_matches_reference(case):
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    want_out, want_lse = case.reference_forward()
+    b = bounds(case)
+    check("output", out, want_out, case, b)
+    check("logsumexp", lse, want_lse, case, b)
+    only = scaled_dot_product_attention(case.query, case.key, case.value, **case.kwargs())
+    check("output", only, want_out, case, b)
+
+
+@given(case=sdpa_cases(), mask_grad=st.booleans(), layout=layouts)
+def test_backward_matches_reference(case, mask_grad, layout):
+    float_mask = case.attn_mask is not None and case.attn_mask.dtype != bool
+    mask_grad = mask_grad and float_mask
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    rng = np.random.default_rng(0)
+    out, lse = lay_out(out, layout, rng), lay_out(lse, layout, rng)  # forward's, in any layout
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs(), mask_grad=mask_grad)
+    assert len(grads) == (4 if mask_grad else 3)
+    want = case.reference_backward()
+    b = bounds(case)
+    for name, got, w in zip(GRAD_NAMES, grads, want):
+        check(name, got, w, case, b)
+
+
+@given(case=sdpa_cases(gqa=False), mask_grad=st.booleans())
+def test_attention_matches_reference(case, mask_grad):
+    """The article's attention(): weights after dropout (its p_attn), and its backward."""
+    float_mask = case.attn_mask is not None and case.attn_mask.dtype != bool
+    mask_grad = mask_grad and float_mask
+    args = (case.query, case.key, case.value, case.attn_mask, case.dropout_p)
+    out, weights = attention(*args, **case.attention_kwargs())
+    want_out, _ = case.reference_forward()
+    _, want_weights = case.reference_weights()
+    b = bounds(case)
+    check("output", out, want_out, case, b)
+    check("weights", weights, want_weights, case, b)
+    grads = attention_backward(case.dout, *args, **case.attention_kwargs(), mask_grad=mask_grad)
+    assert len(grads) == (4 if mask_grad else 3)
+    for name, got, w in zip(GRAD_NAMES, grads, case.reference_backward()):
+        check(name, got, w, case, b)
+    assert attention_forward is attention
+
+
+# ------------------------------------------------------------------ against PyTorch
+
+@given(case=sdpa_cases(dropout=False))
+def test_matches_torch(torch, case):
+    """torch.nn.functional.scaled_dot_product_attention and autograd, in float64, no dropout.
+
+    PyTorch refuses is_causal together with a mask, only aligns top-left, and gives NaN for
+    is_causal with a scale <= 0 (it scales its causal bias: 0·-inf), so those become one
+    explicit mask. Its GQA path mishandles
+    batch dims that only key or value broadcast (wrong output shape) and it rejects a 1-D mask,
+    so inputs and mask are expanded to the full batch first (autograd sums the gradients
+    back). GQA itself and the scale go to PyTorch as they are. Fully masked rows: PyTorch 2.5+
+    gives zero outputs and gradients too.
+    """
+    q, k, v, dout = f64(case.query, case.key, case.value, case.dout)
+    mask = case.mask64()
+    explicit = case.is_causal and (mask is not None or case.causal_alignment == "bottom-right"
+                                   or (case.scale is not None and case.scale <= 0))
+    if explicit:
+        causal = reference.causal_mask(q.shape[-2], k.shape[-2], case.causal_alignment)
+        mask = causal if mask is None else (
+            mask & causal if mask.dtype == bool else mask + np.where(causal, 0.0, -np.inf))
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    tmask = None if mask is None else torch.tensor(mask, requires_grad=mask.dtype != bool)
+    full = [tq, tk, tv]
+    if case.heads:
+        full = [t.expand(case.batch + t.shape[-3:]) for t in full]
+    full_mask = None if tmask is None else tmask.expand(case.weights_shape)  # PyTorch wants >= 2-D
+    tout = torch.nn.functional.scaled_dot_product_attention(
+        *full, attn_mask=full_mask, is_causal=case.is_causal and not explicit,
+        scale=case.scale, enable_gqa=case.enable_gqa)
+    tout.backward(torch.tensor(dout))
+
+    b = bounds(case)
+    float_mask = tmask is not None and tmask.requires_grad
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    check("output", out, tout.detach().numpy(), case, b)
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs(), mask_grad=float_mask)
+    def grad(t):                            # None when nothing flowed back (S = 0, L = 0)
+        return np.zeros(tuple(t.shape)) if t.grad is None else t.grad.numpy()
+
+    want = [grad(tq), grad(tk), grad(tv)]
+    if float_mask:
+        want.append(sum_to(grad(tmask), case.attn_mask.shape))
+    assert len(grads) == len(want)
+    for name, got, w in zip(GRAD_NAMES, grads, want):
+        check(name, got, w, case, b)
+
+
+# ------------------------------------------------------------------ the article
+
+def test_the_articles_three_token_example():
+    """The article's first token: q¹·kʲ/√d_k = 2, 4, 4, softmax([2, 4, 4]) = [0.0634, 0.4683,
+    0.4683] (the article rounds it to [0.0, 0.5, 0.5]), output = Σ_j weight_j·vʲ."""
+    d_k = 4
+    q = np.array([[1.0, 0.0, 0.0, 0.0]]) * math.sqrt(d_k)
+    k = np.array([[2.0, 1, 0, 0], [4.0, 0, 1, 0], [4.0, 0, 0, 1]])
+    v = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    for dtype in DTYPES:
+        args = [a.astype(dtype) for a in (q, k, v)]
+        out, weights = attention(*args)
+        assert out.dtype == weights.dtype == dtype
+        assert out.shape == (1, 2) and weights.shape == (1, 3)
+        np.testing.assert_array_equal(np.round(weights[0].astype(np.float64), 4),
+                                      [0.0634, 0.4683, 0.4683])
+        assert_close(weights[0], np.exp([2.0, 4, 4]) / np.exp([2.0, 4, 4]).sum(), dtype=dtype, n=3)
+        assert_close(out[0], weights[0].astype(np.float64) @ v, dtype=dtype, n=3)
+        out2, lse = scaled_dot_product_attention_forward(*args)
+        assert_close(out2, out.astype(np.float64), dtype=dtype, n=3)
+        assert_close(lse, [math.log(math.exp(2) + 2 * math.exp(4))], dtype=dtype, n=3, scale=4)
+
+
+# ------------------------------------------------------------------ edge cases, one by one
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("how", ["bool", "float", "bottom-right", "no keys"])
+def test_fully_masked_rows_give_zeros_not_nan(dtype, how):
+    rng = np.random.default_rng(11)
+    B, H, L, S, E, Ev = 2, 3, 6, 0 if how == "no keys" else 4, 5, 3
+    case = Case(*(make_values(rng, s, dtype) for s in
+                  ((B, H, L, E), (B, H, S, E), (B, H, S, Ev), (B, H, L, Ev))))
+    masked = np.zeros((B, H, L), bool)
+    if how == "bool":
+        case.attn_mask = rng.random((B, 1, L, S)) < 0.7
+        case.attn_mask[:, :, [1, 4]] = False
+        case.attn_mask[:, :, [0, 2, 3, 5], 0] = True
+        masked[:, :, [1, 4]] = True
+    elif how == "float":
+        case.attn_mask = make_values(rng, (H, L, S), dtype)
+        case.attn_mask[1, [0, 5]] = -np.inf
+        masked[:, 1, [0, 5]] = True
+    elif how == "bottom-right":                          # L > S: the first L - S see no key
+        case.is_causal, case.causal_alignment = True, "bottom-right"
+        masked[:, :, :L - S] = True
+    else:
+        masked[:] = True
+    mask_grad = how == "float"
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs(), mask_grad=mask_grad)
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    assert np.all(out[masked] == 0) and np.all(np.isneginf(lse[masked]))
+    assert np.all(np.isfinite(lse[~masked]))
+    assert np.all(grads[0][masked] == 0)
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    if mask_grad:
+        assert np.all(grads[3][1, [0, 5]] == 0)
+    b = bounds(case)
+    for name, got, want in zip(("output", "logsumexp"), (out, lse), case.reference_forward()):
+        check(name, got, want, case, b)
+    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+        check(name, got, want, case, b)
+    _, weights = attention(case.query, case.key, case.value, case.attn_mask,
+                           **case.attention_kwargs())
+    assert np.all(weights[masked] == 0) and not np.isnan(weights).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_huge_logits_stay_finite_and_exact(dtype):
+    """Scores of ±1e30 (q, k ~ 1e15), which overflow any unshifted exp. In each row the scores
+    differ by >= 1e28 (far above their rounding), so the weights are exactly one-hot."""
+    rng = np.random.default_rng(12)
+    B, H, L, S, E, Ev = 2, 2, 5, 7, 3, 4
+    q, k = rng.standard_normal((B, H, L, E)), rng.standard_normal((B, H, S, E))
+    q[..., 0] = rng.choice([-1.0, 1.0], (B, H, L)) * rng.uniform(0.5, 1.5, (B, H, L)) * 1e15
+    t = rng.permuted(np.tile(np.arange(1, S + 1) * 0.1, (B, H, 1)), axis=-1)   # distinct
+    k[..., 0] = t * rng.choice([-1.0, 1.0], (B, H, S)) * 1e15                 # |t| distinct
+    case = Case(q.astype(dtype), k.astype(dtype), *(make_values(rng, s, dtype) for s in
+                                                    ((B, H, S, Ev), (B, H, L, Ev))), scale=1.0)
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    assert np.abs(lse).max() > 1e28
+    probs, _ = case.reference_weights()
+    assert np.all((probs == 0) | (probs == 1))           # the construction works
+    want_out, want_lse = case.reference_forward()
+    b = bounds(case, amplify=False)
+    check("output", out, want_out, case, b)
+    check("logsumexp", lse, want_lse, case, b)
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs())
+    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+        assert np.isfinite(got).all()
+        check(name, got, want, case, b)
+    _, weights = attention(case.query, case.key, case.value, scale=1.0)
+    np.testing.assert_array_equal(weights, probs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_nan_propagates(dtype, where):
+    """A NaN reaches what depends on it (as the textbook says) and nothing else."""
+    rng = np.random.default_rng(13)
+    case = Case(*(make_values(rng, s, dtype) for s in
+                  ((2, 2, 5, 4), (2, 2, 6, 4), (2, 2, 6, 3), (2, 2, 5, 3))))
+    getattr(case, where)[1, 0, 2, 1] = np.nan
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value)
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse)
+    want_out, want_lse = case.reference_forward()
+    assert np.isnan(want_out).any() and not np.isnan(want_out).all()
+    b = bounds(case)
+    check("output", out, want_out, case, b)
+    check("logsumexp", lse, want_lse, case, b)
+    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+        check(name, got, want, case, b)                  # NaN at the same places
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bottom_right_rows_are_the_last_rows_of_full_causal_attention(dtype):
+    """What a KV cache relies on: the last n queries, aligned bottom-right to all S keys, get
+    what they got as the last n rows of top-left causal attention over L = S queries."""
+    rng = np.random.default_rng(14)
+    S = 150
+    q, k, v = (make_values(rng, s, dtype) for s in ((2, 3, S, 17), (2, 3, S, 17), (2, 3, S, 9)))
+    full = scaled_dot_product_attention(q, k, v, is_causal=True)
+    for n in (1, 7, 130):
+        last = scaled_dot_product_attention(q[..., -n:, :], k, v, is_causal=True,
+                                            causal_alignment="bottom-right")
+        case = Case(q[..., -n:, :], k, v, np.zeros((2, 3, n, 9), dtype), is_causal=True,
+                    causal_alignment="bottom-right")
+        check("output", last, f64(full[..., -n:, :])[0], case, bounds(case))
+    top = scaled_dot_product_attention(q[..., :1, :], k, v, is_causal=True)   # sees key 0 only
+    assert_close(top, np.broadcast_to(f64(v[..., :1, :])[0], top.shape), dtype=dtype, n=1)
+
+
+def test_long_rows_in_float32():
+    """Longer than Hypothesis draws: many key blocks, ragged ends, a (1, S) float mask and a
+    bottom-right causal mask, in float32."""
+    rng = np.random.default_rng(15)
+    L, S = 257, 1031
+    case = Case(*(make_values(rng, s, np.float32) for s in
+                  ((2, L, 64), (2, S, 64), (2, S, 48), (2, L, 48))),
+                attn_mask=make_values(rng, (1, S), np.float32),
+                is_causal=True, causal_alignment="bottom-right")
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs(), mask_grad=True)
+    b = bounds(case)
+    for name, got, want in zip(("output", "logsumexp"), (out, lse), case.reference_forward()):
+        check(name, got, want, case, b)
+    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+        check(name, got, want, case, b)
+
+
+def determinism_case(layout="contiguous"):
+    """GQA, a broadcast float mask with -inf, causal, dropout and E != Ev, in some layout."""
+    rng = np.random.default_rng(16)
+    arrays = [make_values(rng, s, np.float32) for s in
+              ((2, 4, 37, 24), (2, 2, 141, 24), (2, 2, 141, 20), (2, 4, 37, 20), (1, 37, 141))]
+    arrays[4][arrays[4] < -1.5] = -np.inf
+    arrays = [lay_out(a, layout, np.random.default_rng(17)) for a in arrays]
+    return Case(*arrays[:4], attn_mask=arrays[4], dropout_p=0.25, seed=2**63 + 5,
+                is_causal=True, causal_alignment="bottom-right", enable_gqa=True, scale=0.3)
+
+
+def run(case):
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs(), mask_grad=True)
+    return [out, lse, *grads]
+
+
+def test_same_call_twice_gives_the_same_bits():
+    first, second = run(determinism_case()), run(determinism_case())
+    for a, b in zip(first, second):
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["fortran", "transposed", "sliced", "negative", "readonly"])
+def test_layout_does_not_change_the_bits(layout):
+    """Kernels only ever see C-contiguous copies, so the memory layout cannot change a bit."""
+    want = run(determinism_case())
+    for a, b in zip(run(determinism_case(layout)), want):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_dropout_depends_only_on_the_seed():
+    rng = np.random.default_rng(18)
+    q, k, v = (make_values(rng, s, np.float64) for s in ((2, 2, 16, 8), (2, 2, 16, 8),
+                                                          (2, 2, 16, 8)))
+    a = scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=7)
+    b = scaled_dot_product_attention(q.copy(), k.copy(), v.copy(), dropout_p=0.5, seed=7)
+    c = scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=8)
+    assert a.tobytes() == b.tobytes()
+    assert not np.array_equal(a, c)
+    # the zeros of attention()'s weights are exactly the documented keep-mask's drops
+    for seed in (7, 2**64 - 1):
+        _, weights = attention(q, k, v, None, 0.5, seed=seed)
+        np.testing.assert_array_equal(weights != 0, dropout_mask((2, 2, 16, 16), 0.5, seed))
+
+
+def test_accepts_lists_and_numpy_scalars():
+    rng = np.random.default_rng(21)
+    q, k, v, dout = (rng.standard_normal(s) for s in ((2, 3, 4), (2, 5, 4), (2, 5, 3), (2, 3, 3)))
+    mask = rng.random((3, 5)) < 0.8
+    kw = dict(dropout_p=0.2, is_causal=True, scale=0.7, causal_alignment="bottom-right")
+    out, lse = scaled_dot_product_attention_forward(q, k, v, mask, seed=5, **kw)
+    got, got_lse = scaled_dot_product_attention_forward(q.tolist(), k.tolist(), v.tolist(),
+                                                        mask.tolist(), seed=np.uint64(5),
+                                                        **dict(kw, dropout_p=np.float64(0.2)))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, out)
+    np.testing.assert_array_equal(got_lse, lse)
+    grads = scaled_dot_product_attention_backward(dout, q, k, v, out, lse, mask, seed=5, **kw)
+    got = scaled_dot_product_attention_backward(dout.tolist(), q.tolist(), k.tolist(),
+                                                v.tolist(), out.tolist(), lse.tolist(),
+                                                mask.tolist(), seed=5, **kw)
+    for g, w in zip(got, grads):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_dropout_without_seed_raises():
+    rng = np.random.default_rng(19)
+    q, k, v, dout = (rng.standard_normal((1, 2, 3, 4)) for _ in range(4))
+    out, lse = scaled_dot_product_attention_forward(q, k, v)
+    calls = [lambda: scaled_dot_product_attention(q, k, v, dropout_p=0.1),
+             lambda: scaled_dot_product_attention_forward(q, k, v, dropout_p=0.1),
+             lambda: scaled_dot_product_attention_backward(dout, q, k, v, out, lse, dropout_p=0.1),
+             lambda: attention(q, k, v, None, 0.1),
+             lambda: attention_backward(dout, q, k, v, None, 0.1)]
+    for call in calls:
+        with pytest.raises(ValueError, match="seed"):
+            call()
+    scaled_dot_product_attention(q, k, v, dropout_p=0.0)          # p = 0 needs no seed
+
+
+def test_dropout_p_one_drops_everything():
+    rng = np.random.default_rng(20)
+    q, k, v, dout = (rng.standard_normal((2, 3, 4)) for _ in range(4))
+    out, lse = scaled_dot_product_attention_forward(q, k, v, dropout_p=1.0, seed=3)
+    assert np.all(out == 0) and np.isfinite(lse).all()            # lse is before dropout
+    dq, dk, dv = scaled_dot_product_attention_backward(dout, q, k, v, out, lse, dropout_p=1.0,
+                                                        seed=3)
+    assert np.all(dq == 0) and np.all(dk == 0) and np.all(dv == 0)
+
+
+# ------------------------------------------------------------------ bad input
+
+Q, K, V = np.ones((2, 4, 3, 5)), np.ones((2, 2, 6, 5)), np.ones((2, 2, 6, 7))
+OUT, LSE, DOUT = np.ones((2, 4, 3, 7)), np.ones((2, 4, 3)), np.ones((2, 4, 3, 7))
+
+
+def sdpa(query=Q, key=K, value=V, **kw):
+    return scaled_dot_product_attention_forward(query, key, value, **{"enable_gqa": True, **kw})
+
+
+def sdpa_backward(dout=DOUT, output=OUT, logsumexp=LSE, **kw):
+    return scaled_dot_product_attention_backward(dout, Q, K, V, output, logsumexp,
+                                                 **{"enable_gqa": True, **kw})
+
+
+BAD_INPUT = [                               # call, error, a word the message must contain
+    (lambda: sdpa(query=Q.astype(np.int64)), TypeError, "query"),
+    (lambda: sdpa(query=Q.astype(np.float16)), TypeError, "query"),
+    (lambda: sdpa(query=Q.astype(np.complex128)), TypeError, "query"),
+    (lambda: sdpa(key=K.astype(np.float32)), TypeError, "key"),
+    (lambda: sdpa(value=V.astype(bool)), TypeError, "value"),
+    (lambda: sdpa(value=V.astype(np.float32)), TypeError, "value"),
+    (lambda: sdpa(attn_mask=np.ones((3, 6), np.int64)), TypeError, "attn_mask"),
+    (lambda: sdpa(attn_mask=np.ones((3, 6), np.float32)), TypeError, "attn_mask"),
+    (lambda: sdpa(query=np.ones(5)), ValueError, "query"),
+    (lambda: sdpa(key=np.ones((2, 2, 6, 4))), ValueError, "key"),       # E: 4 vs 5
+    (lambda: sdpa(value=np.ones((2, 2, 5, 7))), ValueError, "value"),   # S: 5 vs 6
+    (lambda: sdpa(value=np.ones((2, 1, 6, 7))), ValueError, "value"),   # Hkv: 1 vs 2
+    (lambda: sdpa(key=np.ones((2, 3, 6, 5)), value=np.ones((2, 3, 6, 7))),
+     ValueError, "key|query"),                                          # 4 % 3 != 0
+    (lambda: sdpa(enable_gqa=False), ValueError, "enable_gqa|key"),     # H 4 != Hkv 2
+    (lambda: sdpa(key=np.ones((3, 2, 6, 5)), value=np.ones((3, 2, 6, 7))),
+     ValueError, "key|query"),                                          # batch 2 vs 3
+    (lambda: sdpa(is_causal=True, causal_alignment="bottom_right"), ValueError,
+     "causal_alignment"),
+    (lambda: sdpa(attn_mask=np.ones((4, 6), bool)), ValueError, "attn_mask"),     # L: 4 vs 3
+    (lambda: sdpa(attn_mask=np.ones((3, 2, 4, 3, 6))), ValueError, "attn_mask"),  # widens batch
+    (lambda: sdpa(dropout_p=1.5, seed=0), ValueError, "dropout_p"),
+    (lambda: sdpa(dropout_p=-0.1, seed=0), ValueError, "dropout_p"),
+    (lambda: sdpa(dropout_p=0.5, seed=-1), ValueError, "seed"),
+    (lambda: sdpa(dropout_p=0.5, seed=2**64), ValueError, "seed"),
+    (lambda: sdpa_backward(attn_mask=np.ones((3, 6), bool), mask_grad=True),
+     (TypeError, ValueError), "mask_grad|attn_mask"),
+    (lambda: sdpa_backward(mask_grad=True), (TypeError, ValueError), "mask_grad|attn_mask"),
+    (lambda: sdpa_backward(dout=np.ones((2, 4, 3, 6))), ValueError, "dout"),
+    (lambda: sdpa_backward(dout=DOUT.astype(np.float32)), TypeError, "dout"),
+    (lambda: sdpa_backward(output=np.ones((2, 4, 3, 6))), ValueError, "output"),
+    (lambda: sdpa_backward(logsumexp=np.ones((2, 4, 4))), ValueError, "logsumexp"),
+    (lambda: sdpa_backward(logsumexp=LSE.astype(np.float32)), TypeError, "logsumexp"),
+    (lambda: attention(Q, Q, Q, np.ones((3, 3), np.int32)), TypeError, "mask"),
+    (lambda: attention(Q.astype(np.int32), Q, Q), TypeError, "query"),
+    (lambda: attention_backward(DOUT, Q, K, V), ValueError, "key|query"),  # H != Hkv
+]
+
+
+@pytest.mark.parametrize("call, error, words", BAD_INPUT,
+                         ids=[f"{i}-{words.split('|')[0]}" for i, (_, _, words) in
+                              enumerate(BAD_INPUT)])
+def test_rejects_bad_input(call, error, words):
+    with pytest.raises(error) as info:
+        call()
+    assert re.search(words, str(info.value)), str(info.value)
