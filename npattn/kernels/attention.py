@@ -54,7 +54,7 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .exp import exp_nonpositive_native
+from .exp import exp_nonpositive_native, exp_shifted_native
 from .gemm import MR, NR, micro_kernel
 from .random import keep
 
@@ -200,52 +200,56 @@ def mask_panel(pt, n_keys, i0, rows, j0, bplane, fplane, mask_kind, causal, offs
 def panel_softmax(pt, n_keys, m, l, ot, vs, e, bits32, bits, stats, tile, first, n_all_keys,
                   key, threshold, drop_scale, dropout):
     # One query panel (NR queries) through one key block. pt (BK·NR) holds the panel's masked
-    # scores transposed, pt[j·NR + c] for key j and query c; m, l (NR,) the running max and
-    # sum; ot (Ev', NR) the running output transposed; vs the block's values as MR-column
-    # strips. Every loop below runs along the NR queries: one vector of float32.
+    # scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the running max; ot
+    # (Ev', NR) the running output transposed, whose row `ones` (see forward_rows) holds the
+    # running sum l; vs the block's values as MR-column strips, plus that row of ones. Every
+    # loop below runs along the NR queries: one vector of float32. With dropout, the ones row
+    # would sum the dropped probabilities: the pre-dropout sum goes to l (NR,) instead.
     zero = ot.dtype.type(0)
     block_max = stats[0]
     shift = stats[1]
     alpha = stats[2]
-    total = stats[3]
     block_max[:] = -np.inf
     for j in range(n_keys):
-        row = pt[j * NR:(j + 1) * NR]
         for c in range(NR):
-            block_max[c] = row[c] if row[c] > block_max[c] else block_max[c]
+            x = pt[j * NR + c]
+            block_max[c] = x if x > block_max[c] else block_max[c]
     for c in range(NR):
         new = max(m[c], block_max[c])
         shift[c] = zero if new == -np.inf else new  # every key so far masked: exp(-inf) = 0
         alpha[c] = math.exp(m[c] - shift[c])        # 0 when m was -inf
         m[c] = new
-    for j in range(n_keys):
-        row = pt[j * NR:(j + 1) * NR]
-        for c in range(NR):
-            row[c] = row[c] - shift[c]
     n = n_keys * NR
-    exp_nonpositive_native(pt[:n], e[:n], bits32, bits)
-    total[:] = zero
-    for j in range(n_keys):
-        row = e[j * NR:(j + 1) * NR]
-        for c in range(NR):
-            total[c] += row[c]
-    for c in range(NR):
-        l[c] = l[c] * alpha[c] + total[c]           # the pre-dropout denominator
+    exp_shifted_native(pt[:n], shift, e[:n], bits32, bits)   # e = exp(s - shift)
     if dropout:
+        total = stats[3]
+        total[:] = zero
+        for j in range(n_keys):
+            for c in range(NR):
+                total[c] += e[j * NR + c]
+        for c in range(NR):
+            l[c] = l[c] * alpha[c] + total[c]       # the pre-dropout denominator
         for j in range(n_keys):
             for c in range(NR):
                 kept = keep(key, first + c * n_all_keys + j, threshold)
                 e[j * NR + c] = e[j * NR + c] * drop_scale if kept else zero
-    for r in range(ot.shape[0]):
-        orow = ot[r]
-        for c in range(NR):
-            orow[c] *= alpha[c]
-    for r0 in range(0, ot.shape[0], MR):            # oᵀ += vᵀ·pᵀ, MR value columns at a time
-        micro_kernel(n_keys, vs[r0 * BK:], e, tile)
+    for r0 in range(0, ot.shape[0], MR):            # oᵀ = oᵀ·alpha + vᵀ·pᵀ, MR value
+        micro_kernel(n_keys, vs[r0 * BK:], e, tile)  # columns at a time
         for r in range(MR):
             orow = ot[r0 + r]
             for c in range(NR):
-                orow[c] += tile[r, c]
+                orow[c] = orow[c] * alpha[c] + tile[r, c]
+
+
+@kernel
+def ones_row(vs, row, n_keys):
+    # Make row `row` of the value strips vs (column `row` of v) all ones for keys < n_keys, so
+    # that oᵀ += vᵀ·pᵀ also sums p: the softmax denominator for free, on the micro-kernel.
+    strip = vs[(row // MR) * BK * MR:(row // MR + 1) * BK * MR]
+    lane = row % MR
+    one = vs.dtype.type(1)
+    for p in range(n_keys):
+        strip[p * MR + lane] = one
 
 
 @kernel
@@ -258,12 +262,13 @@ def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset
     # of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the softmax runs across queries.
     n_keys_all, width = kh.shape
     n_vcols = vh.shape[1]
-    vcols = (n_vcols + MR - 1) // MR * MR                  # Ev rounded up to whole strips
+    ones = n_vcols                                         # the row of oᵀ that sums p
+    vcols = (n_vcols + 1 + MR - 1) // MR * MR              # Ev + 1 rounded up to whole strips
     dtype = oh.dtype
     n_panels = (rows + NR - 1) // NR
     qp = np.empty(n_panels * width * NR, dtype)            # q·scale, NR-query panels
     ks = np.empty((BK // MR) * width * MR, dtype)          # the key block, MR-key strips
-    vs = np.empty(vcols * BK, dtype)                       # the value block, MR-column strips
+    vs = np.zeros(vcols * BK, dtype)                       # the value block, MR-column strips
     pt = np.empty(BK * NR, dtype)                          # one panel's scoresᵀ
     pt_tiles = pt.reshape(BK, NR)                          # (the same memory, as tile rows)
     e = np.empty(BK * NR, dtype)                           # ... and probabilitiesᵀ
@@ -282,6 +287,7 @@ def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset
         n_keys = min(BK, n_keys_all - j0)
         pack_lanes(kh, j0, n_keys, MR, 1.0, ks)
         pack_columns(vh, j0, n_keys, MR, BK, vs)
+        ones_row(vs, ones, n_keys)
         for pn in range(n_panels):
             c0 = pn * NR
             for js in range(0, n_keys, MR):               # scoresᵀ = k·(q·scale)ᵀ, written
@@ -302,6 +308,8 @@ def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset
         orow = oh[i]
         panel = ot[r // NR]
         c = r % NR
+        if not dropout:
+            l[r] = panel[ones, c]
         if l[r] == 0:                                      # every key masked
             orow[:] = zero
             lseh[i] = -np.inf
@@ -420,54 +428,54 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
 
 
 @kernel
-def backward_block(qh, kh, vh, doh, oh, lseh, dqh, dkt, dvt, j0, n_keys, bplane, fplane,
-                   mask_kind, causal, offset, scale, key, threshold, drop_scale, first, dsh,
-                   store_ds, kt, vt, kp, qs, dos, qc, doc, wp, dsp, dsq, lse_r, d_r, ts, tdp,
-                   x, p, bits32, bits):
-    # One key block (keys j0 .. j0 + n_keys) against every query block of one query head that
-    # can see it: dkt, dvt (E', BK), (Ev', BK) accumulate the block's gradients transposed;
-    # dqh (L, E) gets ds·k.
-    n_rows, width = qh.shape
-    vwidth = vh.shape[1]
-    n_keys_all = kh.shape[0]
-    dropout = threshold > 0
+def backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt, vt, kp, j0, n_keys, width,
+                  vwidth, n_keys_all, dqh, dkt, dvt, bplane, fplane, mask_kind, causal, offset,
+                  key, threshold, drop_scale, first, dsh, store_ds, wp, dsp, dsq, ts, tdp, x,
+                  p, bits32, bits):
+    # One query block (rows i0 .. i0 + rows, packed: qs, dos, qc, doc; lse_r, d_r) against
+    # one key block (keys j0 .. j0 + n_keys, packed: kt, vt, kp): dkt, dvt (E', BK), (Ev', BK)
+    # accumulate the key block's gradients transposed; dqh (L, E) gets ds·k.
+    n_strips = (rows + MR - 1) // MR
+    backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
+                   d_r, bplane, fplane, mask_kind, causal, offset, key, threshold, drop_scale,
+                   first, n_keys_all, threshold > 0, wp, dsp, dsq, ts, tdp, x, p, bits32, bits,
+                   dsh, store_ds)
+    for c0 in range(0, n_keys, NR):                        # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
+        panel = (c0 // NR) * BQ * NR
+        for r0 in range(0, dvt.shape[0], MR):
+            micro_kernel(rows, doc[r0 * BQ:], wp[panel:], ts)
+            accumulate_tile(ts, dvt, r0, c0)
+        for r0 in range(0, dkt.shape[0], MR):
+            micro_kernel(rows, qc[r0 * BQ:], dsp[panel:], ts)
+            accumulate_tile(ts, dkt, r0, c0)
+    one = dqh.dtype.type(1)
+    for s in range(n_strips):                              # dq += ds·k
+        for c0 in range(0, width, NR):
+            micro_kernel(n_keys, dsq[s * BK * MR:], kp[(c0 // NR) * BK * NR:], ts)
+            add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width, one)
+
+
+@kernel
+def pack_query_block(qh, doh, oh, lseh, i0, rows, scale, qs, dos, qc, doc, lse_r, d_r):
+    # The query block's operands for backward_pair, packed once and used against every key
+    # block: q·scale and dout as query strips, qᵀ and doutᵀ as column strips over queries; per
+    # row its logsumexp (+inf where fully masked or padding, so p = 0) and D = dout·out.
+    pack_lanes(qh, i0, rows, MR, scale, qs)
+    pack_lanes(doh, i0, rows, MR, 1.0, dos)
+    pack_columns(qh, i0, rows, MR, BQ, qc)
+    pack_columns(doh, i0, rows, MR, BQ, doc)
     inf = qh.dtype.type(np.inf)
-    start = max(j0 - offset, 0) // BQ * BQ if causal else 0   # earlier rows see none of it
-    for i0 in range(start, n_rows, BQ):
-        rows = min(BQ, n_rows - i0)
-        n_strips = (rows + MR - 1) // MR
-        pack_lanes(qh, i0, rows, MR, scale, qs)            # q·scale, query strips
-        pack_lanes(doh, i0, rows, MR, 1.0, dos)            # dout, query strips
-        pack_columns(qh, i0, rows, MR, BQ, qc)             # qᵀ, MR-column strips over queries
-        pack_columns(doh, i0, rows, MR, BQ, doc)           # doutᵀ, likewise
-        for r in range(n_strips * MR):
-            if r < rows:
-                lse_i = lseh[i0 + r]
-                lse_r[r] = inf if lse_i == -np.inf else lse_i
-                total = qh.dtype.type(0)
-                for c in range(vwidth):
-                    total += doh[i0 + r, c] * oh[i0 + r, c]
-                d_r[r] = total
-            else:
-                lse_r[r] = inf
-                d_r[r] = 0
-        backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
-                       d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
-                       drop_scale, first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, x, p,
-                       bits32, bits, dsh, store_ds)
-        for c0 in range(0, n_keys, NR):                    # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
-            panel = (c0 // NR) * BQ * NR
-            for r0 in range(0, dvt.shape[0], MR):
-                micro_kernel(rows, doc[r0 * BQ:], wp[panel:], ts)
-                accumulate_tile(ts, dvt, r0, c0)
-            for r0 in range(0, dkt.shape[0], MR):
-                micro_kernel(rows, qc[r0 * BQ:], dsp[panel:], ts)
-                accumulate_tile(ts, dkt, r0, c0)
-        one = qh.dtype.type(1)
-        for s in range(n_strips):                          # dq += ds·k
-            for c0 in range(0, width, NR):
-                micro_kernel(n_keys, dsq[s * BK * MR:], kp[(c0 // NR) * BK * NR:], ts)
-                add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width, one)
+    for r in range((rows + MR - 1) // MR * MR):
+        if r < rows:
+            lse_i = lseh[i0 + r]
+            lse_r[r] = inf if lse_i == -np.inf else lse_i
+            total = qh.dtype.type(0)
+            for c in range(doh.shape[1]):
+                total += doh[i0 + r, c] * oh[i0 + r, c]
+            d_r[r] = total
+        else:
+            lse_r[r] = inf
+            d_r[r] = 0
 
 
 @kernel
@@ -501,9 +509,6 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
         b = w // (n_kv * n_splits)                # blocks and dq_parts[split] of its heads
         g = (w // n_splits) % n_kv
         split = w % n_splits
-        kt = np.empty((BK // NR) * width * NR, dtype)
-        vt = np.empty((BK // NR) * vwidth * NR, dtype)
-        kp = np.empty(((width + NR - 1) // NR) * BK * NR, dtype)
         qs = np.empty(BQ * width, dtype)
         dos = np.empty(BQ * vwidth, dtype)
         qc = np.empty(wcols * BQ, dtype)
@@ -523,29 +528,44 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
         vb_all = v[vi[b], g]
         dkb = dk[b, g]
         dvb = dv[b, g]
-        dkt = np.empty((wcols, BK), dtype)        # the key block's dk and dv, transposed
-        dvt = np.empty((vcols, BK), dtype)
-        for kb in range(split, n_kb, n_splits):   # interleaved: causal cost evens out
-            j0 = kb * BK
+        n_own = (n_kb - split + n_splits - 1) // n_splits   # key blocks split, split + n_splits..
+        kt = np.empty((n_own, (BK // NR) * width * NR), dtype)           # each packed once
+        vt = np.empty((n_own, (BK // NR) * vwidth * NR), dtype)
+        kp = np.empty((n_own, ((width + NR - 1) // NR) * BK * NR), dtype)
+        dkt = np.zeros((n_own, wcols, BK), dtype)           # their dk and dv, transposed
+        dvt = np.zeros((n_own, vcols, BK), dtype)
+        for o in range(n_own):
+            j0 = (split + o * n_splits) * BK
             n_keys = min(BK, n_keys_all - j0)
-            pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt)
-            pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt)
-            pack_columns(kb_all, j0, n_keys, NR, BK, kp)
-            dkt[:] = 0
-            dvt[:] = 0
-            for h in range(g * group, (g + 1) * group):
-                bh = b * n_heads + h
-                plane = planes[bh]
-                sb = b if store_ds else 0
-                sh = h if store_ds else 0
-                backward_block(q[qi[b], h], kb_all, vb_all, dout[b, h], out[b, h], lse[b, h],
-                               dq_parts[split, b, h], dkt, dvt, j0, n_keys, bmask[plane],
-                               fmask[plane], mask_kind, causal, offset, scale, key, threshold,
-                               drop_scale, bh * n_rows * n_keys_all, dscores[sb, sh], store_ds,
-                               kt, vt, kp, qs, dos, qc, doc, wp, dsp, dsq, lse_r, d_r, ts, tdp,
-                               x, p, bits32, bits)
+            pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt[o])
+            pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt[o])
+            pack_columns(kb_all, j0, n_keys, NR, BK, kp[o])
+        for h in range(g * group, (g + 1) * group):
+            bh = b * n_heads + h
+            plane = planes[bh]
+            qh = q[qi[b], h]
+            doh = dout[b, h]
+            dqh = dq_parts[split, b, h]
+            dsh = dscores[b if store_ds else 0, h if store_ds else 0]
+            for i0 in range(0, n_rows, BQ):
+                rows = min(BQ, n_rows - i0)
+                pack_query_block(qh, doh, out[b, h], lse[b, h], i0, rows, scale, qs, dos, qc,
+                                 doc, lse_r, d_r)
+                for o in range(n_own):
+                    j0 = (split + o * n_splits) * BK
+                    if causal and j0 > i0 + rows - 1 + offset:
+                        continue                            # no row of the block sees a key
+                    backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt[o], vt[o], kp[o],
+                                  j0, min(BK, n_keys_all - j0), width, vwidth, n_keys_all,
+                                  dqh, dkt[o], dvt[o], bmask[plane], fmask[plane],
+                                  mask_kind, causal, offset, key, threshold, drop_scale,
+                                  bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq, ts,
+                                  tdp, x, p, bits32, bits)
+        for o in range(n_own):
+            j0 = (split + o * n_splits) * BK
+            n_keys = min(BK, n_keys_all - j0)
             for j in range(n_keys):
                 for c in range(width):
-                    dkb[j0 + j, c] = dkt[c, j] * scale
+                    dkb[j0 + j, c] = dkt[o, c, j] * scale
                 for c in range(vwidth):
-                    dvb[j0 + j, c] = dvt[c, j]
+                    dvb[j0 + j, c] = dvt[o, c, j]

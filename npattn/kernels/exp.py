@@ -24,29 +24,34 @@ UNDERFLOW = -708.0                    # exp(-708) ≈ 3.3e-308, still a normal f
 
 
 @fma_kernel
+def exp_parts(xv):
+    # (p, bits) with exp(xv) = p · 2^t for float64 xv in [UNDERFLOW, 0]; bits: those of 2^t
+    t = np.floor(xv * LOG2E + 0.5)
+    r = (xv - t * LN2_HI) - t * LN2_LO
+    p = 1.0 / 6227020800.0                    # 1/13!, then Horner down to 1/0!
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return p, (np.int64(t) + 1023) << 52      # the bits of the float64 2^t
+
+
+@fma_kernel
 def exp_nonpositive(x, out, bits):
     # out[k] = exp(x[k]) for x (C,) <= 0; bits (C,) int64 scratch; out may be x itself
     for k in range(x.shape[0]):
         xv = np.float64(x[k])
         under = xv < UNDERFLOW                # also -inf; False for NaN, which flows through
-        xv = 0.0 if under else xv
-        t = np.floor(xv * LOG2E + 0.5)
-        r = (xv - t * LN2_HI) - t * LN2_LO
-        p = 1.0 / 6227020800.0                # 1/13!, then Horner down to 1/0!
-        p = p * r + 1.0 / 479001600.0
-        p = p * r + 1.0 / 39916800.0
-        p = p * r + 1.0 / 3628800.0
-        p = p * r + 1.0 / 362880.0
-        p = p * r + 1.0 / 40320.0
-        p = p * r + 1.0 / 5040.0
-        p = p * r + 1.0 / 720.0
-        p = p * r + 1.0 / 120.0
-        p = p * r + 1.0 / 24.0
-        p = p * r + 1.0 / 6.0
-        p = p * r + 0.5
-        p = p * r + 1.0
-        p = p * r + 1.0
-        bits[k] = (np.int64(t) + 1023) << 52  # the bits of the float64 2^t
+        p, bits[k] = exp_parts(0.0 if under else xv)
         out[k] = 0.0 if under else p
     scale = bits.view(np.float64)
     for k in range(x.shape[0]):
@@ -66,35 +71,83 @@ F32 = np.float32
 
 
 @fma_kernel
+def exp_parts_f32(xv):
+    # (p, bits) with exp(xv) = p · 2^t for float32 xv in [UNDERFLOW_F32, 0]
+    t = np.floor(xv * LOG2E_F32 + F32(0.5))
+    r = (xv - t * LN2_HI_F32) - t * LN2_LO_F32
+    p = F32(1.0 / 5040.0)
+    p = p * r + F32(1.0 / 720.0)
+    p = p * r + F32(1.0 / 120.0)
+    p = p * r + F32(1.0 / 24.0)
+    p = p * r + F32(1.0 / 6.0)
+    p = p * r + F32(0.5)
+    p = p * r + F32(1.0)
+    p = p * r + F32(1.0)
+    return p, (np.int32(t) + np.int32(127)) << np.int32(23)   # the bits of the float32 2^t
+
+
+@fma_kernel
 def exp_nonpositive_f32(x, out, bits):
     # out[k] = exp(x[k]) for float32 x (C,) <= 0; bits (C,) int32 scratch
     zero = F32(0)
     for k in range(x.shape[0]):
         xv = x[k]
         under = xv < UNDERFLOW_F32            # also -inf; False for NaN, which flows through
-        xv = zero if under else xv
-        t = np.floor(xv * LOG2E_F32 + F32(0.5))
-        r = (xv - t * LN2_HI_F32) - t * LN2_LO_F32
-        p = F32(1.0 / 5040.0)
-        p = p * r + F32(1.0 / 720.0)
-        p = p * r + F32(1.0 / 120.0)
-        p = p * r + F32(1.0 / 24.0)
-        p = p * r + F32(1.0 / 6.0)
-        p = p * r + F32(0.5)
-        p = p * r + F32(1.0)
-        p = p * r + F32(1.0)
-        bits[k] = (np.int32(t) + np.int32(127)) << np.int32(23)   # the bits of 2^t
+        p, bits[k] = exp_parts_f32(zero if under else xv)
         out[k] = zero if under else p
     scale = bits.view(np.float32)
     for k in range(x.shape[0]):
         out[k] = out[k] * scale[k]
 
 
+@fma_kernel
+def exp_shifted_f32(x, shift, out, bits):
+    # out[j·W + c] = exp(x[j·W + c] - shift[c]) for float32 x (n·W,), shift (W,) with
+    # x - shift <= 0 (W lanes: one shift per lane, e.g. per query); bits (n·W,) int32 scratch
+    zero = F32(0)
+    width = shift.shape[0]
+    for j in range(x.shape[0] // width):
+        row = j * width
+        for c in range(width):
+            xv = x[row + c] - shift[c]
+            under = xv < UNDERFLOW_F32
+            p, bits[row + c] = exp_parts_f32(zero if under else xv)
+            out[row + c] = zero if under else p
+    scale = bits.view(np.float32)
+    for k in range(x.shape[0]):
+        out[k] = out[k] * scale[k]
+
+
+@fma_kernel
+def exp_shifted(x, shift, out, bits):
+    # exp_shifted_f32 in float64 arithmetic (any float x); bits (n·W,) int64 scratch
+    width = shift.shape[0]
+    for j in range(x.shape[0] // width):
+        row = j * width
+        for c in range(width):
+            xv = np.float64(x[row + c] - shift[c])
+            under = xv < UNDERFLOW
+            p, bits[row + c] = exp_parts(0.0 if under else xv)
+            out[row + c] = 0.0 if under else p
+    scale = bits.view(np.float64)
+    for k in range(x.shape[0]):
+        out[k] = out[k] * scale[k]
+
+
+@kernel
+def exp_shifted_native(x, shift, out, bits32, bits64):
+    # exp_shifted in the arithmetic of x's dtype: float32 x -> exp_shifted_f32 (bits32 int32
+    # scratch), float64 x -> exp_shifted (bits64 int64 scratch). The test is decided when the
+    # kernel compiles: 1 + 1e-10 rounds to 1 in float32 only.
+    if x.dtype.type(1) + x.dtype.type(1e-10) == x.dtype.type(1):
+        exp_shifted_f32(x, shift, out, bits32)
+    else:
+        exp_shifted(x, shift, out, bits64)
+
+
 @kernel
 def exp_nonpositive_native(x, out, bits32, bits64):
-    # exp_nonpositive in the arithmetic of x's dtype: float32 x -> exp_nonpositive_f32 (bits32
-    # int32 scratch), float64 x -> exp_nonpositive (bits64 int64 scratch). The test is decided
-    # when the kernel compiles: 1 + 1e-10 rounds to 1 in float32 only.
+    # exp_nonpositive in the arithmetic of x's dtype, as exp_shifted_native
     if x.dtype.type(1) + x.dtype.type(1e-10) == x.dtype.type(1):
         exp_nonpositive_f32(x, out, bits32)
     else:
