@@ -32,7 +32,8 @@ import numpy as np
 
 from .. import _checks
 from ..kernels.attention import (BK, BOOL_MASK, FLOAT_MASK, NO_MASK, WORK_ITEMS,
-                                 attention_backward_kernel, attention_forward_kernel)
+                                 attention_backward_kernel, attention_forward_kernel,
+                                 forward_block_rows)
 from ..kernels.random import keep_threshold, kept_scale, stream_key
 
 NO_BOOL = np.ones((1, 1, 1), np.bool_)      # the unused mask argument: one plane, never read
@@ -91,7 +92,8 @@ def _run_forward(run, store_weights):
     attention_forward_kernel(q, k, v, run["qi"], run["ki"], run["vi"], run["bmask"],
                              run["fmask"], run["planes"], run["kind"], run["causal"],
                              run["offset"], run["scale"], run["key"], run["threshold"],
-                             run["drop_scale"], out, lse, weights, store_weights)
+                             run["drop_scale"], out, lse, weights, store_weights,
+                             forward_block_rows(n_batch * heads, n_rows))
     return out, lse, (weights if store_weights else None)
 
 
