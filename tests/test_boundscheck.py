@@ -1,5 +1,5 @@
 """The kernel tests once more with Numba's bounds checking on: an index out of bounds in any
-kernel -- a packing loop, an edge tile, a row of softmax -- raises IndexError instead of reading
+kernel -- a packing loop, an edge tile, a row of softmax, a mask plane -- raises IndexError instead of reading
 or writing someone else's memory. Small examples, in a subprocess with its own kernel cache
 (bounds-checked kernels must not mix with the fast ones)."""
 import os
@@ -9,7 +9,7 @@ import sys
 
 TESTS = pathlib.Path(__file__).resolve().parent
 KERNEL_TESTS = ["test_gemm.py", "test_linear.py", "test_matmul.py", "test_softmax.py",
-                "test_dropout.py", "test_exp.py"]
+                "test_dropout.py", "test_exp.py", "test_attention.py"]
 
 
 def test_kernel_tests_pass_with_bounds_checking(tmp_path):

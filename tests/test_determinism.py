@@ -31,6 +31,18 @@ for dtype in (np.float32, np.float64):
     wb = rng.standard_normal((90, 600)).astype(dtype)
     yb = npattn.linear(xb, wb)
     outs += [yb, *npattn.linear_backward(yb, xb, wb)[:2]]
+    # attention: masks, causal, GQA, dropout; few heads so backward splits its key blocks,
+    # and lengths over several blocks of both passes
+    q = rng.standard_normal((1, 4, 300, 24)).astype(dtype)
+    k = rng.standard_normal((1, 2, 530, 24)).astype(dtype)
+    v = rng.standard_normal((1, 2, 530, 20)).astype(dtype)
+    mask = np.where(rng.random((300, 530)) < 0.1, -np.inf, rng.standard_normal((300, 530)))
+    kw = dict(attn_mask=mask.astype(dtype), dropout_p=0.2, is_causal=True, enable_gqa=True,
+              seed=5, causal_alignment="bottom-right")
+    o, lse = npattn.scaled_dot_product_attention_forward(q, k, v, **kw)
+    outs += [o, lse, *npattn.scaled_dot_product_attention_backward(o, q, k, v, o, lse,
+                                                                   mask_grad=True, **kw)]
+    outs += list(npattn.attention(q[0, :2], k[0], v[0], is_causal=True))
     for o in outs:
         digest.update(np.ascontiguousarray(o).tobytes())
 print(digest.hexdigest())

@@ -1,8 +1,10 @@
-"""kernels/exp.py: the vectorised exp of x <= 0 that softmax uses, against float64 NumPy."""
+"""kernels/exp.py: the vectorised exp of x <= 0 that softmax and attention use, against float64
+NumPy: exp_nonpositive (float64 arithmetic), and the _native / _shifted forms that compute in
+the input's dtype (float32 arithmetic for float32) with an optional shift per lane."""
 import numpy as np
 from hypothesis import given, strategies as st
 
-from npattn.kernels.exp import exp_nonpositive
+from npattn.kernels.exp import exp_nonpositive, exp_nonpositive_native, exp_shifted_native
 from strategies import dtypes
 
 # the domain: [-inf, 0], with its edges (the underflow cut, denormal inputs) drawn often
@@ -34,3 +36,41 @@ def test_exp_in_place_over_a_long_row():
     want = np.exp(x)
     exp_nonpositive(x, x, np.empty(x.shape[0], np.int64))   # out may be x itself
     np.testing.assert_allclose(x, want, rtol=2.3e-16, atol=0)
+
+
+def _native_exp(x, shift=None):
+    """exp_nonpositive_native(x), or exp_shifted_native(x, shift) with W = shift lanes."""
+    out = np.empty_like(x)
+    bits32, bits64 = np.empty(x.shape[0], np.int32), np.empty(x.shape[0], np.int64)
+    if shift is None:
+        exp_nonpositive_native(x, out, bits32, bits64)
+    else:
+        exp_shifted_native(x, shift, out, bits32, bits64)
+    return out
+
+
+@given(dtype=dtypes, xs=st.lists(values, min_size=0, max_size=70),
+       width=st.sampled_from([None, 1, 3, 16]), data=st.data())
+def test_native_exp_within_one_ulp_in_its_dtype(dtype, xs, width, data):
+    """float32 arithmetic for float32: within 1 ulp of float32 where exp is a normal float32
+    (x >= ln 2^-126 ≈ -87.34), 0 below; float64 as exp_nonpositive. With a shift per lane,
+    out[j·W + c] = exp(x[j·W + c] - shift[c]), the difference rounded in the dtype first."""
+    x = np.array(xs[:len(xs) // width * width] if width else xs, dtype=dtype)
+    shift, arg = None, x.astype(np.float64)
+    if width:
+        shift = np.array(data.draw(st.lists(st.floats(-50.0, 50.0), min_size=width,
+                                            max_size=width)), dtype=dtype)
+        lanes = np.tile(shift, x.shape[0] // width)
+        with np.errstate(invalid="ignore"):
+            x = (x + lanes).astype(dtype)                     # the caller's scores ...
+            arg = (x - lanes).astype(np.float64)              # ... and what gets exponentiated
+    out = _native_exp(x, shift)
+    want = np.exp(arg)
+    assert out.dtype == x.dtype
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    tiny = np.finfo(dtype).tiny
+    normal = np.isfinite(want) & (want >= tiny) & (arg >= -708.0) & (arg <= 0)
+    ulps = np.abs(out[normal].astype(np.float64) - want[normal]) / (want[normal] *
+                                                                     np.finfo(dtype).eps)
+    assert np.all(ulps <= 1.0), (arg[normal][np.argmax(ulps)], np.max(ulps))
+    assert np.all(np.abs(out[~normal & ~np.isnan(want) & (arg <= 0)]) <= tiny)
