@@ -347,18 +347,23 @@ def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset
         ones_row(vs, ones, n_keys)
         for pn in range(n_panels):
             c0 = pn * NR
-            for js in range(0, n_keys, MR):               # scoresᵀ = k·(q·scale)ᵀ, written
+            n_vis = n_keys                                 # keys any query of the panel sees
+            if causal:
+                n_vis = max(min(n_keys, i0 + c0 + NR + offset - j0), 0)
+            for js in range(0, n_vis, MR):                # scoresᵀ = k·(q·scale)ᵀ, written
                 micro_kernel(width, ks[js * width:], qp[c0 * width:], pt_tiles[js:js + MR])
-            mask_panel(pt, n_keys, i0 + c0, rows - c0, j0, bplane, fplane, mask_kind, causal,
+            mask_panel(pt, n_vis, i0 + c0, rows - c0, j0, bplane, fplane, mask_kind, causal,
                        offset)
             if store_weights:                              # the masked scores, for now
                 for c in range(min(NR, rows - c0)):
                     wrow = wh[i0 + c0 + c, j0:j0 + n_keys]
-                    for j in range(n_keys):
+                    for j in range(n_vis):
                         wrow[j] = pt[j * NR + c]
-            panel_softmax(pt, n_keys, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e, bits32,
-                          bits, stats, tile, first + (i0 + c0) * n_keys_all + j0, n_keys_all,
-                          key, threshold, drop_scale, dropout)
+                    wrow[n_vis:] = -np.inf
+            if n_vis > 0:                                  # (causal: the rest are -inf)
+                panel_softmax(pt, n_vis, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e, bits32,
+                              bits, stats, tile, first + (i0 + c0) * n_keys_all + j0,
+                              n_keys_all, key, threshold, drop_scale, dropout)
     zero = dtype.type(0)
     for r in range(rows):
         i = i0 + r
@@ -421,13 +426,15 @@ def attention_forward_kernel(q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kin
         t = w % n_qb                               # zig-zag: under causal masking block t
         qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
         i0 = qb * block_rows
-        plane = planes[bh]
+        plane = planes[bh]                         # (the unused mask is one plane: index 0)
+        bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
+        fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
         wb = b if store_weights else 0
         wh_ = h if store_weights else 0
         forward_rows(q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group], i0,
-                     min(block_rows, n_rows - i0), bmask[plane], fmask[plane], mask_kind, causal,
-                     offset, scale, key, threshold, drop_scale, bh * n_rows * n_keys,
-                     out[b, h], lse[b, h], weights[wb, wh_], store_weights)
+                     min(block_rows, n_rows - i0), bplane, fplane, mask_kind, causal, offset,
+                     scale, key, threshold, drop_scale, bh * n_rows * n_keys, out[b, h],
+                     lse[b, h], weights[wb, wh_], store_weights)
 
 
 @kernel
@@ -444,6 +451,14 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
     for s in range(n_strips):
         r0 = s * MR
         for c0 in range(0, n_keys, NR):
+            panel = (c0 // NR) * BQ * NR
+            if causal and j0 + c0 > i0 + r0 + MR - 1 + offset:   # every key of the tile is
+                for r in range(MR):                              # masked: p = w = ds = 0
+                    for c in range(NR):
+                        dsp[panel + (r0 + r) * NR + c] = 0
+                        wp[panel + (r0 + r) * NR + c] = 0
+                        dsq[(s * BK + c0 + c) * MR + r] = 0
+                continue
             micro_kernel(width, qs[r0 * width:], kt[c0 * width:], ts)
             mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, bplane, fplane,
                       mask_kind, causal, offset)
@@ -455,7 +470,6 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
             if dropout:
                 drop_tile(tdp, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
                           + j0 + c0, n_keys_all)
-            panel = (c0 // NR) * BQ * NR
             for r in range(MR):
                 drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                 wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
@@ -600,7 +614,9 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
             pack_columns(kb_all, j0, n_keys, NR, BK, kp[o])
         for h in range(g * group, (g + 1) * group):
             bh = b * n_heads + h
-            plane = planes[bh]
+            plane = planes[bh]                # (the unused mask is one plane: index 0)
+            bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
+            fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
             qh = q[qi[b], h]
             doh = dout[b, h]
             dqh = dq_parts[split, b, h]
@@ -615,7 +631,7 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
                         continue                            # no row of the block sees a key
                     backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt[o], vt[o], kp[o],
                                   j0, min(BK, n_keys_all - j0), width, vwidth, n_keys_all,
-                                  dqh, dkt[o], dvt[o], bmask[plane], fmask[plane],
+                                  dqh, dkt[o], dvt[o], bplane, fplane,
                                   mask_kind, causal, offset, key, threshold, drop_scale,
                                   bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq, ts,
                                   tdp, x, p, bits32, bits)
