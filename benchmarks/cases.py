@@ -33,6 +33,12 @@ class Bench:
     plot: tuple = None               # (figure, panel, x): gemm.png, panel "fp32", x = n
     memory: bool = False             # measure the peak memory of npattn and NumPy
     notes: list = field(default_factory=list)  # footnotes for the table (e.g. nominal FLOPs)
+    skipped: dict = field(default_factory=dict)  # implementation -> why it was left out
+    # Peak resident memory of each implementation in a fresh process (benchmarks/memory.py,
+    # full runs), measured when rss_warmup is set: the case's parameters for the small call
+    # made first (it compiles, loads caches), so that only the case's own call is counted.
+    rss_warmup: tuple = None
+    operand_bytes: int = None        # bytes of the operands and result (e.g. q, k, v, output)
 
 
 @dataclass

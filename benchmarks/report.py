@@ -6,6 +6,8 @@ from .cases import IMPLEMENTATIONS
 
 #: A case during which other processes took more than this share of the CPUs is marked.
 BUSY = 0.10
+#: The x axis of a figure, when it is not "n".
+X_LABELS = {"attention": "L = S"}
 
 
 def fmt_time(seconds):
@@ -61,10 +63,13 @@ def table(cases):
         if case.get("foreign_cpu") is not None and case["foreign_cpu"] > BUSY:
             label += " †"
             busy = True
-        cells = [cell(case["results"].get(name), case["flops"]) for name in IMPLEMENTATIONS]
+        skipped = case.get("skipped", {})
+        cells = ["skipped" if name in skipped else cell(case["results"].get(name), case["flops"])
+                 for name in IMPLEMENTATIONS]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {speedup(case, 'NumPy')} | "
                      f"{speedup(case, 'PyTorch')} | {memory(case)} |")
         notes += [n for n in case.get("notes", ()) if n not in notes]
+        notes += [f"{case['label']}: {name} skipped: {why}." for name, why in skipped.items()]
     lines.append("")
     lines.append("Each cell: median time per op ±½ interquartile range · GFLOP/s. "
                  "Speedup = peer median / npattn median (> 1: npattn is faster). Peak memory: "
@@ -72,6 +77,50 @@ def table(cases):
     if busy:
         lines.append(f"† other processes used more than {BUSY:.0%} of the CPUs during this case.")
     lines += notes
+    return "\n".join(lines)
+
+
+def _rss(result):
+    if result is None:
+        return "—"
+    if "extra_bytes" in result:
+        return fmt_bytes(max(0, result["extra_bytes"]))
+    return "skipped" if "skipped" in result else "failed"
+
+
+def rss_progress(case):
+    """One line: each implementation's peak extra memory, and npattn's against the operands."""
+    parts = [f"{name} {'+' if 'extra_bytes' in r else ''}{_rss(r)}"
+             for name, r in case["rss"].items()]
+    ours, size = case["rss"].get("npattn", {}).get("extra_bytes"), case.get("operand_bytes")
+    if size:
+        parts.append(f"operands {fmt_bytes(size)}"
+                     + (f": npattn {max(0, ours) / size:.2f}×" if ours is not None else ""))
+    errors = [f"{n}: {r['error']}" for n, r in case["rss"].items() if "error" in r]
+    return ", ".join(parts) + "".join(f"\n    {e}" for e in errors)
+
+
+def rss_table(cases):
+    """Peak resident memory above the baseline, one call per fresh process (memory.py)."""
+    lines = ["| case | operands | npattn | NumPy | PyTorch | npattn ÷ operands |",
+             "|---|---|---|---|---|---|"]
+    methods = set()
+    for case in cases:
+        if not case.get("rss"):
+            continue
+        size = case.get("operand_bytes")
+        ours = case["rss"].get("npattn", {}).get("extra_bytes")
+        ratio = f"{max(0, ours) / size:.2f}×" if ours is not None and size else "—"
+        methods |= {r["method"] for r in case["rss"].values() if "method" in r}
+        lines.append(f"| {case['label']} | {fmt_bytes(size) if size else '—'} | "
+                     + " | ".join("skipped" if name in case.get("skipped", {})
+                                  else _rss(case["rss"].get(name)) for name in IMPLEMENTATIONS)
+                     + f" | {ratio} |")
+    lines += ["", "Peak memory of one call above the process's resident set just before it "
+              "(imports, inputs and a small warm-up call already in; outputs included), each "
+              "implementation in a fresh process (`benchmarks/memory.py`; measured as "
+              f"{', '.join(sorted(methods)) or '—'}). Operands: the inputs and the output of the "
+              "forward (attention: q, k, v and the output, for fwd+bwd too)."]
     return "\n".join(lines)
 
 
@@ -118,7 +167,7 @@ def plot(cases, out_dir, caption):
                     ax.plot(xs, ys, marker="o", label=name)
             ax.set_xscale("log", base=2)
             ax.set_xticks([c["plot"][2] for c in members], [str(c["plot"][2]) for c in members])
-            ax.set_xlabel("n")
+            ax.set_xlabel(X_LABELS.get(figure, "n"))
             ax.set_ylabel("GFLOP/s")
             ax.set_ylim(bottom=0)
             ax.set_title(f"{figure} {panel}")

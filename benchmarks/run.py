@@ -3,10 +3,13 @@
     python -m benchmarks                      # every case: a few minutes
     python -m benchmarks --quick              # smallest sizes, few rounds: seconds
     python -m benchmarks --ops gemm,linear    # some ops only (--list shows them)
+    python -m benchmarks --ops attention --no-memory   # attention, times only
 
-Prints progress, then one Markdown table; writes results.md, results.json (machine, environment,
-raw times) and gemm.png to --out (default benchmarks/results/). ``benchmarks/timing.py`` says
-how a case is timed, ``benchmarks/cases.py`` how to add one.
+Prints progress, then one Markdown table (and, in full runs or with ``--memory``, one of the
+peak resident memory of the cases that ask for it, each implementation in a fresh process);
+writes results.md, results.json (machine, environment, raw times), gemm.png and attention.png
+to --out (default benchmarks/results/). ``benchmarks/timing.py`` says how a case is timed,
+``benchmarks/cases.py`` how to add one.
 
 The environment is set before NumPy loads, so the suite re-executes itself when it must change
 it, and says what it changed:
@@ -69,6 +72,10 @@ def parse_args(argv):
     parser.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                         help="before each case, wait up to SECONDS for other processes to leave "
                              "the CPUs (on a shared machine)")
+    parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
+                        help="measure the peak resident memory of each implementation in a fresh "
+                             "process, for the cases that ask for it (default: in full runs, "
+                             "not in --quick; benchmarks/memory.py)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     return parser.parse_args(argv)
 
@@ -183,8 +190,9 @@ def _run(args, argv, changes):
     # Imported only now: NumPy must load in the environment prepare_environment() made.
     import platform
 
-    from . import bench_matmul, bench_linear, bench_softmax  # noqa: F401  (they register, in order)
-    from . import machine, report, timing
+    from . import (bench_matmul, bench_linear, bench_softmax,  # noqa: F401  (they register,
+                   bench_attention)                               # in this order)
+    from . import machine, memory, report, timing
     from .cases import CASES, IMPLEMENTATIONS
 
     todo = selected(CASES, args.ops, args.quick)
@@ -210,6 +218,7 @@ def _run(args, argv, changes):
 
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode["rounds"]
+    measure_rss = not args.quick if args.memory is None else args.memory
     command = "python -m benchmarks" + "".join(f" {a}" for a in argv)
     meter = machine.CpuMeter()
     started = time.time()
@@ -227,13 +236,16 @@ def _run(args, argv, changes):
     for i, (op, make, size) in enumerate(todo, 1):
         bench = make(torch, *size)
         bench.impls = {n: f for n, f in bench.impls.items() if n in chosen}
+        skipped = {n: why for n, why in bench.skipped.items() if n in chosen}
         prefix = f"[{i}/{len(todo)}] {bench.label}"
+        for name, why in skipped.items():
+            print(f"{prefix}: {name} skipped: {why}", flush=True)
         if args.wait_idle:
             meter.wait_until_quiet(args.wait_idle, report.BUSY)
         print(f"{prefix}: warm-up", end="", flush=True)
         before = meter.sample()
         record = {"op": op, "label": bench.label, "flops": bench.flops, "plot": bench.plot,
-                  "notes": bench.notes, "size": list(size), "results": {}}
+                  "notes": bench.notes, "size": list(size), "results": {}, "skipped": skipped}
         def warmed(first):
             print(" " + ", ".join(f"{n} {report.fmt_time(s)}" for n, s in first.items()),
                   flush=True)
@@ -253,6 +265,11 @@ def _run(args, argv, changes):
                   f"(IQR {report.fmt_time(result['q1'])}–{report.fmt_time(result['q3'])}, "
                   f"{result['rounds']} rounds × {result['repeats']}) {report.fmt_rate(rate):>6} "
                   f"GFLOP/s", flush=True)
+        if measure_rss and bench.rss_warmup is not None and bench.impls:
+            print("    peak memory, each in a fresh process:", end="", flush=True)
+            record["operand_bytes"] = bench.operand_bytes
+            record["rss"] = memory.measure(make, size, bench.rss_warmup, list(bench.impls))
+            print(" " + report.rss_progress(record), flush=True)
         cases.append(record)
 
     print("probing the two thread pools...", flush=True)
@@ -261,6 +278,8 @@ def _run(args, argv, changes):
     foreign = meter.foreign_share()
     summary = _summary(info, changes, probe, foreign, args.cold)
     md = "\n".join(["# npattn benchmarks", "", *header, "", *summary, "", report.table(cases)])
+    if any(c.get("rss") for c in cases):
+        md += "\n\n" + report.rss_table(cases)
     first = report.first_calls(cases)
     if first:
         md += ("\n\nnpattn's first calls (compile, or load from Numba's disk cache): "

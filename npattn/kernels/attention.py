@@ -3,22 +3,23 @@
 Dims: B batch (broadcast, flattened), H query heads, Hkv key/value heads (H = G·Hkv, GQA), L
 queries, S keys, E query/key width, Ev value width. One (b, h) pair is a *head*.
 
-Forward, for each work item (b, h, block of BQ query rows), streaming over blocks of BK keys::
+Forward, for each work item (b, h, block of up to FORWARD_BQ query rows), streaming over
+blocks of FORWARD_BK keys::
 
-    s      = (q·scale)·kᵀ  + mask     one BQ×BK block of scores, never more (the micro-kernel
-                                      of kernels/gemm.py, 8×16 tiles; masked entries -inf)
+    s      = (q·scale)·kᵀ  + mask     one block of scores, never more (the micro-kernel of
+                                      kernels/gemm.py, 8×16 tiles; masked entries -inf)
     m_new  = max(m, rowmax(s))        running row max
     p      = exp(s - m_new)           (kernels/exp.py); dropped entries are zeroed after the
     l      = l·exp(m - m_new) + Σ p   sum, so l is the pre-dropout denominator
     o      = o·exp(m - m_new) + (p ∘ keep / (1 - dropout_p))·v      (the micro-kernel again)
     out    = o / l,   lse = m + log l  (per row; l = 0 -- every key masked -- gives 0 and -inf)
 
-The L×S matrix of probabilities exists only one BQ×BK block at a time, per thread: O(L·E)
-memory. ``lse`` is all backward needs to rebuild any block of probabilities exactly:
-p = exp(s - lse).
+The L×S matrix of probabilities exists only one block at a time, per thread: O(L·E) memory.
+``lse`` is all backward needs to rebuild any block of probabilities exactly: p = exp(s - lse).
 
-Backward, for each work item (b, kv head g, split of the key blocks): for each key block it
-owns, for every query head of g's group and every query block that can see the key block::
+Backward, for each work item (b, kv head g, split of the key blocks), with the item's key
+blocks packed once: for every query head of g's group, every block of BQ queries (packed
+once), every key block of the item that the query block can see::
 
     p  = exp(s - lse)              recomputed, the same s as forward
     w  = p ∘ keep / (1 - dropout_p)  (the weights forward applied to v)
@@ -35,16 +36,23 @@ Masks are read through their broadcast shape: ``bmask``/``fmask`` hold planes (L
 Lm in {1, L} and Sm in {1, S}, and ``planes[b·H + h]`` says which plane head (b, h) uses, so a
 (L, S) padding mask is one plane however many heads read it. Causal: key j is visible to query
 i when j <= i + offset (offset 0: top-left, PyTorch's rule; S - L: bottom-right). Key blocks
-that no query of a block can see are skipped, not computed.
+that no query of a block can see are skipped, not computed, and so are the keys past the
+diagonal of each forward panel and the fully masked tiles of backward.
 
 Dropout: weight (b, h, i, j) is kept when ``keep(key, ((b·H + h)·L + i)·S + j, threshold)``
 (``kernels/random.py``), in forward and again in backward -- no mask is stored.
 
-Tiles: a score tile is the micro-kernel's 8×16 tile (MR queries × NR keys). Operands are
-packed per block: queries as MR-row *strips* (p-major: ``strip[p·MR + r]``), keys as NR-wide
-*panels*; the products of backward that contract over queries (dv, dk) use strips of keys.
-Everything past a block's last row or key is packed as zero and its score is -inf, so no tile
-reads outside an array and padding contributes exact zeros.
+Layouts. Forward computes the scores transposed, MR keys × NR queries per micro-kernel tile
+(a key strip times a query panel), written straight into ``pt`` (keys × NR queries): each tile
+row is then a row of pᵀ as the micro-kernel's B operand reads it in oᵀ += vᵀ·pᵀ, and every
+softmax step (max, exp, rescale) runs along the NR = 16 queries of a panel -- one float32
+vector. The softmax denominator comes out of the same product: the value strips carry an
+extra row of ones, so oᵀ's row Ev accumulates Σ p (and its rescaling) for free. Backward
+computes tiles as MR queries × NR keys and stores w and ds row by row into key panels (the B
+operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds, transposed back once per key block); only ds is
+transposed element by element, into the query strips of dq += ds·k. Everything past a block's
+last row or key is packed as zero and its score is -inf, so no tile reads outside an array and
+padding contributes exact zeros.
 
 Accumulators: the input dtype (float32 in float32, as PyTorch's CPU kernels do).
 """
