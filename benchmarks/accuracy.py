@@ -8,8 +8,8 @@ float64 on those inputs. The error of an entry is measured in units of
 (``|a|·|b|`` for a product; 0 for softmax's outputs, whose error is relative to each entry;
 1 for log_softmax's; the magnitudes of the terms of dx for the backwards; Σ_j p_ij·|v_j| for
 attention's output; the largest gradient entry for attention's gradients, i.e. normwise): the
-unit in which summation error bounds are written. The table gives the median and the maximum over every
-entry of every output.
+unit in which summation error bounds are written. The table gives the median and the maximum
+over every entry of every output.
 """
 import argparse
 

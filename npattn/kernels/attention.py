@@ -268,8 +268,8 @@ def lane_max(pt, n_keys, out):
 @kernel
 def panel_softmax(pt, n_keys, m, l, ot, vs, e, bits32, bits, stats, tile, first, n_all_keys,
                   key, threshold, drop_scale, dropout):
-    # One query panel (NR queries) through one key block. pt (FORWARD_BK·NR) holds the panel's masked
-    # scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the running max; ot
+    # One query panel (NR queries) through one key block. pt (FORWARD_BK·NR) holds the panel's
+    # masked scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the running max; ot
     # (Ev', NR) the running output transposed, whose row `ones` (see forward_rows) holds the
     # running sum l; vs the block's values as MR-column strips, plus that row of ones. Every
     # loop below runs along the NR queries: one vector of float32. With dropout, the ones row
@@ -333,7 +333,7 @@ def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset
     n_panels = (rows + NR - 1) // NR
     qp = np.empty(n_panels * width * NR, dtype)            # q·scale, NR-query panels
     ks = np.empty((FORWARD_BK // MR) * width * MR, dtype)          # the key block, MR-key strips
-    vs = np.zeros(vcols * FORWARD_BK, dtype)                       # the value block, MR-column strips
+    vs = np.zeros(vcols * FORWARD_BK, dtype)               # the value block, MR-column strips
     pt = np.empty(FORWARD_BK * NR, dtype)                          # one panel's scoresᵀ
     pt_tiles = pt.reshape(FORWARD_BK, NR)                          # (the same memory, as tile rows)
     e = np.empty(FORWARD_BK * NR, dtype)                           # ... and probabilitiesᵀ
