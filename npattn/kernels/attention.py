@@ -75,6 +75,8 @@ BQ = 128          # query rows per backward block (a multiple of MR)
 BK = 128          # keys per backward block (a multiple of NR and of MR)
 TILE = MR * NR
 WORK_ITEMS = 8  # backward splits dq when fewer (batch, kv head) pairs than this (see caller)
+CHUNK = 4       # backward: key blocks (of one item) swept per pass over the query blocks; their
+                # packed k, v and dk, dv (~0.3 MiB at E = 64, float32) stay in L2
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
 
@@ -620,29 +622,32 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
             pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt[o])
             pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt[o])
             pack_columns(kb_all, j0, n_keys, NR, BK, kp[o])
-        for h in range(g * group, (g + 1) * group):
-            bh = b * n_heads + h
-            plane = planes[bh]                # (the unused mask is one plane: index 0)
-            bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
-            fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
-            qh = q[qi[b], h]
-            doh = dout[b, h]
-            dqh = dq_parts[split, b, h]
-            dsh = dscores[b if store_ds else 0, h if store_ds else 0]
-            for i0 in range(0, n_rows, BQ):
-                rows = min(BQ, n_rows - i0)
-                pack_query_block(qh, doh, out[b, h], lse[b, h], i0, rows, scale, qs, dos, qc,
-                                 doc, lse_r, d_r)
-                for o in range(n_own):
-                    j0 = (split + o * n_splits) * BK
-                    if causal and j0 > i0 + rows - 1 + offset:
-                        continue                            # no row of the block sees a key
-                    backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt[o], vt[o], kp[o],
-                                  j0, min(BK, n_keys_all - j0), width, vwidth, n_keys_all,
-                                  dqh, dkt[o], dvt[o], bplane, fplane,
-                                  mask_kind, causal, offset, key, threshold, drop_scale,
-                                  bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq, ts,
-                                  tdp, x, p, bits32, bits)
+        for o0 in range(0, n_own, CHUNK):             # CHUNK key blocks at a time stay in L2
+            for h in range(g * group, (g + 1) * group):
+                bh = b * n_heads + h
+                plane = planes[bh]            # (the unused mask is one plane: index 0)
+                bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
+                fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
+                qh = q[qi[b], h]
+                doh = dout[b, h]
+                dqh = dq_parts[split, b, h]
+                dsh = dscores[b if store_ds else 0, h if store_ds else 0]
+                for i0 in range(0, n_rows, BQ):
+                    rows = min(BQ, n_rows - i0)
+                    if causal and (split + o0 * n_splits) * BK > i0 + rows - 1 + offset:
+                        continue                        # no row of the block sees a key
+                    pack_query_block(qh, doh, out[b, h], lse[b, h], i0, rows, scale, qs, dos,
+                                     qc, doc, lse_r, d_r)
+                    for o in range(o0, min(o0 + CHUNK, n_own)):
+                        j0 = (split + o * n_splits) * BK
+                        if causal and j0 > i0 + rows - 1 + offset:
+                            continue
+                        backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt[o], vt[o],
+                                      kp[o], j0, min(BK, n_keys_all - j0), width, vwidth,
+                                      n_keys_all, dqh, dkt[o], dvt[o], bplane, fplane,
+                                      mask_kind, causal, offset, key, threshold, drop_scale,
+                                      bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq,
+                                      ts, tdp, x, p, bits32, bits)
         for o in range(n_own):
             j0 = (split + o * n_splits) * BK
             n_keys = min(BK, n_keys_all - j0)
