@@ -3,7 +3,7 @@
 Accumulator: the input dtype (float32 rows sum in float32, as PyTorch does). Each row is three
 passes in a fixed order -- max, sum of exp, normalise -- so every exp is of a number <= 0 and
 logits up to ±1e30 neither overflow nor lose the row; that exp is ``kernels/exp.py``'s
-vectorised one. A row whose every entry is -inf (fully
+vectorised one, in the row's own arithmetic (float32 for float32: twice the SIMD lanes). A row whose every entry is -inf (fully
 masked) gives zeros from softmax, -inf from log_softmax and zero gradients, never 0/0 = NaN.
 A NaN anywhere in a row makes the sum NaN, and with it the whole row.
 """
@@ -11,7 +11,7 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .exp import exp_nonpositive
+from .exp import exp_nonpositive_native
 
 ROWS = 16   # rows per parallel work item: the scratch is allocated once per item
 LANES = 16  # running maxima in row_max: one AVX-512 register of float32
@@ -42,7 +42,8 @@ def softmax_forward_kernel(x, out, log):
     # x (N, C) -> out (N, C): softmax along C, or log_softmax when log is True
     n_rows, n_cols = x.shape
     for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS rows of out
-        bits = np.empty(n_cols, np.int64)      # scratch of exp_nonpositive
+        bits = np.empty(n_cols, np.int64)      # scratch of exp_nonpositive_native (float64
+        bits32 = np.empty(n_cols, np.int32)    # rows, and float32 rows)
         e = np.empty(n_cols, out.dtype)        # exp(x - m)
         lanes = np.empty(LANES, x.dtype)       # scratch of row_max
         for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
@@ -52,7 +53,7 @@ def softmax_forward_kernel(x, out, log):
             row = out[n]
             for k in range(n_cols):            # pass 2: x - m <= 0, its exp, and their sum
                 row[k] = x[n, k] - m
-            exp_nonpositive(row, e, bits)      # kept apart from row for log: reassociating
+            exp_nonpositive_native(row, e, bits32, bits)  # apart from row for log: reassociating
             s = out.dtype.type(0)              # x - m - log(s) into x - (m + log(s)) would
             for k in range(n_cols):            # round log(s) away. s >= 1 unless the row is
                 s += e[k]                      # fully masked (0) or has a NaN
@@ -89,6 +90,7 @@ def log_softmax_backward_kernel(dout, out, dx):
     n_rows, n_cols = out.shape
     for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS rows of dx
         bits = np.empty(n_cols, np.int64)
+        bits32 = np.empty(n_cols, np.int32)
         p = np.empty(n_cols, dx.dtype)         # exp(out): the softmax of the forward
         for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
             masked = True                      # every out -inf: the row was fully masked, and
@@ -103,6 +105,6 @@ def log_softmax_backward_kernel(dout, out, dx):
             acc = dx.dtype.type(0)             # dx[n, k] = dout[n, k] - exp(out[n, k]) * acc
             for k in range(n_cols):            # acc = sum_j dout[n, j]
                 acc += dout[n, k]
-            exp_nonpositive(out[n], p, bits)
+            exp_nonpositive_native(out[n], p, bits32, bits)
             for k in range(n_cols):
                 dx[n, k] = dout[n, k] - p[k] * acc
