@@ -89,11 +89,16 @@ def test_concurrent_calls_from_python_threads(layer):
         rng = np.random.default_rng(0)
         x = rng.standard_normal((64, 96)).astype(np.float32)
         w = rng.standard_normal((80, 96)).astype(np.float32)
+        q = rng.standard_normal((2, 3, 40, 16)).astype(np.float32)
+        o, lse = npattn.scaled_dot_product_attention_forward(q, q, q, is_causal=True)
         calls = [lambda: npattn.linear(x, w),
                  lambda: npattn.softmax(x, dim=-1),
                  lambda: npattn.matmul(x, x.T),
                  lambda: npattn.linear_backward(np.ones((64, 80), np.float32), x, w)[1],
-                 lambda: npattn.dropout(x, 0.3, seed=7)]
+                 lambda: npattn.dropout(x, 0.3, seed=7),
+                 lambda: npattn.scaled_dot_product_attention(q, q, q, is_causal=True),
+                 lambda: npattn.scaled_dot_product_attention_backward(
+                     o, q, q, q, o, lse, is_causal=True)[1]]
         want = [c() for c in calls]
         errors = []
         def worker(t):
