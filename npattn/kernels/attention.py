@@ -173,25 +173,23 @@ def mask_tile(tile, i0, rows, j0, cols, bplane, fplane, mask_kind, causal, offse
 
 
 @kernel
-def drop_tile(tile, key, threshold, drop_scale, first, n_keys):
-    # tile[r, c] *= drop_scale if weight `first + r·n_keys + c` is kept, else 0. `first` is
-    # the dropout index of the tile's (0, 0) element; rows are n_keys apart.
-    zero = tile.dtype.type(0)
+def keep_tile(kept, key, threshold, first, n_keys):
+    # kept[r, c] = whether weight `first + r·n_keys + c` survives dropout. `first` is the
+    # dropout index of the tile's (0, 0) element; rows are n_keys apart.
     for r in range(MR):
         for c in range(NR):
-            kept = keep(key, first + r * n_keys + c, threshold)
-            tile[r, c] = tile[r, c] * drop_scale if kept else zero
+            kept[r, c] = keep(key, first + r * n_keys + c, threshold)
 
 
 @kernel
-def add_tile(tile, dst, r0, rows, c0, width, factor):
-    # dst[r0 + r, c0 + c] += tile[r, c]·factor for the part of the tile inside dst's rows
-    # r0 .. r0 + rows and columns c0 .. width
+def add_tile(tile, dst, r0, rows, c0, width):
+    # dst[r0 + r, c0 + c] += tile[r, c] for the part of the tile inside dst's rows r0 .. r0 +
+    # rows and columns c0 .. width
     cols = min(NR, width - c0)
     for r in range(min(MR, rows)):
         drow = dst[r0 + r, c0:c0 + cols]
         for c in range(cols):
-            drow[c] += tile[r, c] * factor
+            drow[c] += tile[r, c]
 
 
 @kernel
@@ -451,8 +449,8 @@ def attention_forward_kernel(q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kin
 @kernel
 def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
                    d_r, bplane, fplane, mask_kind, causal, offset, key, threshold, drop_scale,
-                   first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, x, p, bits32, bits, dsh,
-                   store_ds):
+                   first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, kept, x, p, bits32, bits,
+                   dsh, store_ds):
     # Every MR×NR tile (MR queries × NR keys) of one (query block, key block) pair: scores and
     # dout·vᵀ by the micro-kernel, then p, w and ds (module docstring). w and ds are stored
     # row by row into key panels (wp, dsp: [(panel·BQ + i)·NR + c], queries i as p -- the B
@@ -479,15 +477,21 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
                     x[r * NR + c] = ts[r, c] - lse_r[r0 + r]
             exp_nonpositive_native(x, p, bits32, bits)
             if dropout:
-                drop_tile(tdp, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
-                          + j0 + c0, n_keys_all)
+                keep_tile(kept, key, threshold, first + (i0 + r0) * n_keys_all + j0 + c0,
+                          n_keys_all)
+            zero = ts.dtype.type(0)
             for r in range(MR):
                 drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                 wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                 for c in range(NR):
                     pv = p[r * NR + c]
-                    drow[c] = pv * (tdp[r, c] - d_r[r0 + r])          # ds
-                    wrow[c] = pv                                      # w, before dropout
+                    dp = tdp[r, c]
+                    w = pv
+                    if dropout:                                       # dropped: exactly 0
+                        dp = dp * drop_scale if kept[r, c] else zero
+                        w = pv * drop_scale if kept[r, c] else zero
+                    drow[c] = pv * (dp - d_r[r0 + r])                 # ds
+                    wrow[c] = w
             strip = dsq[s * BK * MR:(s + 1) * BK * MR]
             for c in range(NR):
                 col = strip[(c0 + c) * MR:(c0 + c + 1) * MR]
@@ -498,44 +502,33 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
                     out = dsh[i0 + r0 + r, j0 + c0:j0 + min(n_keys, c0 + NR)]
                     for c in range(out.shape[0]):
                         out[c] = dsp[panel + (r0 + r) * NR + c]
-            if dropout:
-                tile = tdp                                            # (free again)
-                for r in range(MR):
-                    for c in range(NR):
-                        tile[r, c] = wp[panel + (r0 + r) * NR + c]
-                drop_tile(tile, key, threshold, drop_scale, first + (i0 + r0) * n_keys_all
-                          + j0 + c0, n_keys_all)
-                for r in range(MR):
-                    for c in range(NR):
-                        wp[panel + (r0 + r) * NR + c] = tile[r, c]
 
 
 @kernel
 def backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt, vt, kp, j0, n_keys, width,
                   vwidth, n_keys_all, dqh, dkt, dvt, bplane, fplane, mask_kind, causal, offset,
-                  key, threshold, drop_scale, first, dsh, store_ds, wp, dsp, dsq, ts, tdp, x,
-                  p, bits32, bits):
+                  key, threshold, drop_scale, first, dsh, store_ds, wp, dsp, dsq, ts, tdp, kept,
+                  x, p, bits32, bits):
     # One query block (rows i0 .. i0 + rows, packed: qs, dos, qc, doc; lse_r, d_r) against
     # one key block (keys j0 .. j0 + n_keys, packed: kt, vt, kp): dkt, dvt (E', BK), (Ev', BK)
     # accumulate the key block's gradients transposed; dqh (L, E) gets ds·k.
     n_strips = (rows + MR - 1) // MR
     backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
                    d_r, bplane, fplane, mask_kind, causal, offset, key, threshold, drop_scale,
-                   first, n_keys_all, threshold > 0, wp, dsp, dsq, ts, tdp, x, p, bits32, bits,
-                   dsh, store_ds)
+                   first, n_keys_all, threshold > 0, wp, dsp, dsq, ts, tdp, kept, x, p, bits32,
+                   bits, dsh, store_ds)
     for c0 in range(0, n_keys, NR):                        # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
         panel = (c0 // NR) * BQ * NR
         for r0 in range(0, dvt.shape[0], MR):
             micro_kernel(rows, doc[r0 * BQ:], wp[panel:], ts)
-            accumulate_tile(ts, dvt, r0, c0)
+            add_tile(ts, dvt, r0, MR, c0, dvt.shape[1])
         for r0 in range(0, dkt.shape[0], MR):
             micro_kernel(rows, qc[r0 * BQ:], dsp[panel:], ts)
-            accumulate_tile(ts, dkt, r0, c0)
-    one = dqh.dtype.type(1)
+            add_tile(ts, dkt, r0, MR, c0, dkt.shape[1])
     for s in range(n_strips):                              # dq += ds·k
         for c0 in range(0, width, NR):
             micro_kernel(n_keys, dsq[s * BK * MR:], kp[(c0 // NR) * BK * NR:], ts)
-            add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width, one)
+            add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width)
 
 
 @kernel
@@ -559,15 +552,6 @@ def pack_query_block(qh, doh, oh, lseh, i0, rows, scale, qs, dos, qc, doc, lse_r
         else:
             lse_r[r] = inf
             d_r[r] = 0
-
-
-@kernel
-def accumulate_tile(tile, dst, r0, c0):
-    # dst[r0:r0 + MR, c0:c0 + NR] += tile, dst (R, C) with R, C whole tiles
-    for r in range(MR):
-        drow = dst[r0 + r, c0:c0 + NR]
-        for c in range(NR):
-            drow[c] += tile[r, c]
 
 
 @parallel_kernel
@@ -603,6 +587,7 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
         d_r = np.empty(BQ, dtype)
         ts = np.empty((MR, NR), dtype)
         tdp = np.empty((MR, NR), dtype)
+        kept = np.empty((MR, NR), np.bool_)
         x = np.empty(TILE, dtype)
         p = np.empty(TILE, dtype)
         bits = np.empty(TILE, np.int64)
@@ -648,7 +633,7 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
                                       n_keys_all, dqh, dkt[o], dvt[o], bplane, fplane,
                                       mask_kind, causal, offset, key, threshold, drop_scale,
                                       bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq,
-                                      ts, tdp, x, p, bits32, bits)
+                                      ts, tdp, kept, x, p, bits32, bits)
         for o in range(n_own):
             j0 = (split + o * n_splits) * BK
             n_keys = min(BK, n_keys_all - j0)
