@@ -20,6 +20,9 @@ ALLOWED = {
     "npattn.reference": {"numpy"},
     "npattn.kernels": {"numpy", "numba", "npattn._jit", "npattn.kernels"},
     "npattn.functional": {"numpy", "npattn._checks", "npattn.kernels"},
+    "npattn.nn": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn"},
+    "npattn.optim": {"numpy", "npattn.nn"},
+    "npattn.gradcheck": {"numpy"},
 }
 
 

@@ -1,0 +1,246 @@
+"""Parameter and Module: the bookkeeping every layer shares, as ``torch.nn`` does it.
+
+There is no autograd tape. A module's ``forward`` computes its output and remembers what its
+``backward`` will need (the inputs, a dropout seed, a logsumexp...); ``backward(dout)`` runs the
+chain rule by hand with the functional ``*_backward`` pairs, **adds** each parameter's gradient
+into ``parameter.grad`` (so gradients of several uses or several batches accumulate, as
+``loss.backward()`` does in PyTorch) and returns the gradient of the input(s). ``backward``
+pairs with the most recent ``forward``.
+
+Names follow PyTorch: a parameter's name is the attribute path that reaches it
+(``out_proj.weight``), so ``state_dict()`` keys are PyTorch's keys and a PyTorch
+``state_dict`` converted to NumPy arrays loads with ``load_state_dict``.
+"""
+from collections import OrderedDict
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class Parameter:
+    """A trainable array ``data`` and the gradient ``grad`` accumulated into it.
+
+    Shapes: data (...) and grad (...), one float dtype. ``grad`` starts at zeros (PyTorch's
+    starts as ``None``; zeros make "accumulate" one line and change no result).
+    """
+
+    __slots__ = ("data", "grad")
+
+    def __init__(self, data):
+        data = np.array(data, order="C")                # a copy the module owns
+        if data.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"Parameter data must have dtype float32 or float64; got {data.dtype}")
+        self.data = data
+        self.grad = np.zeros_like(data)
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def accumulate(self, grad):
+        """``grad += g``: how every backward hands a parameter its gradient."""
+        self.grad += grad
+
+    def __repr__(self):
+        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """Base class: registers parameters, buffers and sub-modules in the order they are set.
+
+    Subclasses define ``forward(*inputs)`` and ``backward(dout)``; calling the module runs
+    ``forward``. ``training`` (set by ``train()`` / ``eval()``) switches dropout on and off.
+    """
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # ------------------------------------------------------------ registration
+    def __setattr__(self, name, value):
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}.__init__ must call Module.__init__() "
+                                 f"before setting {name!r}")
+        for table in (self._parameters, self._buffers, self._modules):
+            table.pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        for table in (self._parameters, self._buffers, self._modules):
+            table.pop(name, None)
+        object.__delattr__(self, name)
+
+    def register_buffer(self, name, array, persistent=True):
+        """A non-trainable array that belongs to the module's state (e.g. the positional table).
+
+        Persistent buffers appear in ``state_dict()``, as in PyTorch.
+        """
+        object.__setattr__(self, name, array)
+        self._buffers[name] = persistent
+
+    # ------------------------------------------------------------ traversal
+    def named_modules(self, prefix=""):
+        """``(name, module)`` for this module and every descendant, depth first."""
+        yield prefix, self
+        for name, child in self._modules.items():
+            if child is not None:
+                yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def children(self):
+        return (child for child in self._modules.values() if child is not None)
+
+    def named_parameters(self, prefix=""):
+        """``(dotted name, Parameter)`` pairs, each parameter once, in registration order."""
+        seen = set()
+        for path, module in self.named_modules(prefix):
+            for name, param in module._parameters.items():
+                if param is not None and id(param) not in seen:
+                    seen.add(id(param))
+                    yield (f"{path}.{name}" if path else name), param
+
+    def parameters(self):
+        return [param for _, param in self.named_parameters()]
+
+    def named_buffers(self, prefix="", persistent_only=False):
+        for path, module in self.named_modules(prefix):
+            for name, persistent in module._buffers.items():
+                if persistent or not persistent_only:
+                    yield (f"{path}.{name}" if path else name), getattr(module, name)
+
+    # ------------------------------------------------------------ state
+    def zero_grad(self):
+        """Set every parameter's gradient to zero (before the next accumulation)."""
+        for param in self.parameters():
+            param.grad[...] = 0
+
+    def train(self, mode=True):
+        """Training mode (dropout active) for this module and all below it; returns self."""
+        for _, module in self.named_modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self):
+        """Evaluation mode: dropout is the identity. Same as ``train(False)``."""
+        return self.train(False)
+
+    def state_dict(self):
+        """PyTorch's keys -> copies of the arrays (parameters, then persistent buffers)."""
+        state = OrderedDict((name, param.data.copy()) for name, param in self.named_parameters())
+        state.update((name, np.array(buf)) for name, buf in self.named_buffers(persistent_only=True))
+        return state
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Copy arrays into the parameters and buffers, cast to each one's dtype.
+
+        ``state_dict`` maps PyTorch's names to arrays (``{k: v.numpy() for k, v in
+        torch_module.state_dict().items()}``). Shapes must match. With ``strict`` (the default)
+        missing or unexpected keys are an error; returns ``(missing, unexpected)`` key lists.
+        """
+        targets = dict(self.named_parameters())
+        owners = {name: (module, name.rpartition(".")[2])
+                  for path, module in self.named_modules()
+                  for name in [f"{path}.{b}" if path else b
+                               for b, persistent in module._buffers.items() if persistent]}
+        missing = [k for k in list(targets) + list(owners) if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in targets and k not in owners]
+        if strict and (missing or unexpected):
+            raise ValueError(f"state_dict does not match {type(self).__name__}: missing keys "
+                             f"{missing}, unexpected keys {unexpected}")
+        for key, value in state_dict.items():
+            if key in targets:
+                current = targets[key].data
+            elif key in owners:
+                current = getattr(*owners[key])
+            else:
+                continue
+            value = np.asarray(value)
+            if value.shape != current.shape:
+                raise ValueError(f"state_dict[{key!r}] must have shape {current.shape}; "
+                                 f"got {value.shape}")
+            if not (np.issubdtype(value.dtype, np.floating) or value.dtype == current.dtype):
+                raise TypeError(f"state_dict[{key!r}] must be a float array; got {value.dtype}")
+            current[...] = value
+        return missing, unexpected
+
+    def to(self, dtype):
+        """Cast every parameter (data and grad) and float buffer to ``dtype``; returns self."""
+        dtype = np.dtype(dtype)
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be float32 or float64; got {dtype}")
+        for param in self.parameters():
+            param.data = param.data.astype(dtype)
+            param.grad = param.grad.astype(dtype)
+        for _, module in self.named_modules():
+            for name in module._buffers:
+                buf = getattr(module, name)
+                if isinstance(buf, np.ndarray) and buf.dtype in FLOAT_DTYPES:
+                    object.__setattr__(module, name, buf.astype(dtype))
+        return self
+
+    # ------------------------------------------------------------ running
+    def forward(self, *inputs, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} does not define forward")
+
+    def backward(self, dout):
+        raise NotImplementedError(f"{type(self).__name__} does not define backward")
+
+    def __call__(self, *inputs, **kwargs):
+        return self.forward(*inputs, **kwargs)
+
+    def _saved_for_backward(self):
+        """What the last forward saved; a clear error when backward comes first."""
+        saved = self.__dict__.get("_saved")
+        if saved is None:
+            raise RuntimeError(f"{type(self).__name__}.backward was called before forward")
+        return saved
+
+    def extra_repr(self):
+        return ""
+
+    def __repr__(self):
+        lines = [f"({name}): {repr(child)}".replace("\n", "\n  ")
+                 for name, child in self._modules.items()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+class Sequential(Module):
+    """Modules applied in order; backward runs them in reverse. Keys are "0", "1", ..."""
+
+    def __init__(self, *modules):
+        super().__init__()
+        for index, module in enumerate(modules):
+            if not isinstance(module, Module):
+                raise TypeError(f"Sequential argument {index} must be a Module; "
+                                f"got {type(module).__name__}")
+            setattr(self, str(index), module)
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __getitem__(self, index):
+        return list(self._modules.values())[index]
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def forward(self, x):
+        for module in self:
+            x = module(x)
+        return x
+
+    def backward(self, dout):
+        for module in reversed(list(self)):
+            dout = module.backward(dout)
+        return dout
