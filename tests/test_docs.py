@@ -1,0 +1,445 @@
+"""docs/backward.md kept honest, cheaply: its pointers name real functions, its identities hold.
+
+Each numeric test writes a formula exactly as the document states it and checks it, in float64,
+against ``npattn.reference`` (the textbook) or against central finite differences -- so an edit
+that breaks a formula in the code, or a formula in the document that the code does not follow,
+fails here. No kernel runs: the whole file takes a few seconds.
+"""
+import ast
+import pathlib
+import re
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from npattn import reference
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "backward.md"
+POINTER = re.compile(r"`((?:npattn|tests)/[\w/]+\.py)::([\w.]+)")
+TOL = dict(rtol=1e-10, atol=1e-12)         # two float64 evaluations of one formula
+FD_TOL = dict(rtol=1e-6, atol=1e-8)        # central differences, h = 1e-6 (section 12)
+
+
+def doc_text():
+    return DOC.read_text(encoding="utf-8")
+
+
+def defined_names(path):
+    """Functions defined in a module: top-level ``f`` and ``Class.method``."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.update(f"{node.name}.{item.name}" for item in node.body
+                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return names
+
+
+# ------------------------------------------------------------------------- the document itself
+
+def test_every_pointer_names_an_existing_function():
+    pointers = POINTER.findall(doc_text())
+    assert len(pointers) >= 40, f"only {len(pointers)} file::function pointers found"
+    missing = []
+    for file, name in sorted(set(pointers)):
+        path = ROOT / file
+        if not path.is_file():
+            missing.append(f"{file} (no such file)")
+        elif name not in defined_names(path):
+            missing.append(f"{file}::{name}")
+    assert not missing, f"docs/backward.md points at functions that do not exist: {missing}"
+
+
+def test_every_functional_backward_is_derived():
+    """A new ``<op>_backward`` in npattn/functional needs its section in the document."""
+    pointed = {f"{file}::{name}" for file, name in POINTER.findall(doc_text())}
+    for path in sorted((ROOT / "npattn" / "functional").glob("*.py")):
+        for name in defined_names(path):
+            if name.endswith("_backward") and not name.startswith("_"):
+                pointer = f"{path.relative_to(ROOT).as_posix()}::{name}"
+                assert pointer in pointed, f"docs/backward.md does not derive {pointer}"
+
+
+def test_sections_are_all_there():
+    headings = re.findall(r"^## (\d+)\. ", doc_text(), flags=re.M)
+    assert headings == [str(i) for i in range(1, 13)], headings
+
+
+# ------------------------------------------------------------------------- helpers
+
+seeds = st.integers(0, 2**32 - 1)
+small = st.integers(1, 5)
+
+
+def central_differences(f, x, h=1e-6):
+    """∂f/∂x for a scalar f of one float64 array, element by element (section 12)."""
+    grad = np.empty_like(x)
+    for j in np.ndindex(x.shape):
+        keep = x[j]
+        x[j] = keep + h
+        up = f(x)
+        x[j] = keep - h
+        down = f(x)
+        x[j] = keep
+        grad[j] = (up - down) / (2 * h)
+    return grad
+
+
+def dot_with(dout, forward):
+    """f(x) = Σ dout ∘ forward(x): the scalar whose gradient is backward(dout, x) (section 12)."""
+    return lambda x: float(np.sum(dout * forward(x)))
+
+
+def masked_scores(rng, shape, fully_masked_rows=True):
+    """Scores with -inf entries and (optionally) whole rows of -inf, as attention masks make."""
+    x = rng.standard_normal(shape) * 2.0
+    x[rng.random(shape) < 0.25] = -np.inf
+    if fully_masked_rows:
+        x[rng.random(shape[:-1]) < 0.25] = -np.inf
+    return x
+
+
+# ------------------------------------------------------------------------- sections 1-3
+
+@given(seed=seeds, m=small, n=small)
+def test_broadcast_gradient_is_a_sum(seed, m, n):
+    """Section 1: a (m, 1) + b (n,) -> y (m, n): da = Σ_j dy (dim kept), db = Σ_i dy."""
+    dy = np.random.default_rng(seed).standard_normal((m, n))
+    np.testing.assert_allclose(reference._sum_to_shape(dy, (m, 1)),
+                               dy.sum(axis=1, keepdims=True), **TOL)
+    np.testing.assert_allclose(reference._sum_to_shape(dy, (n,)), dy.sum(axis=0), **TOL)
+
+
+@given(seed=seeds, lead=st.lists(small, max_size=2), fin=small, fout=small)
+def test_linear_backward_formulas(seed, lead, fin, fout):
+    """Section 2: dx = dout·W, dW = doutᵀ·x and db = Σ dout over the flattened rows, against
+    central differences of the forward."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*lead, fin))
+    weight, bias = rng.standard_normal((fout, fin)), rng.standard_normal(fout)
+    dout = rng.standard_normal((*lead, fout))
+    rows_x, rows_dout = x.reshape(-1, fin), dout.reshape(-1, fout)
+    doc = (dout @ weight, rows_dout.T @ rows_x, rows_dout.sum(axis=0))
+    for got, want in zip(reference.linear_backward(dout, x, weight, bias), doc):
+        np.testing.assert_allclose(got, want, **TOL)
+    loss = dot_with(dout, lambda w: reference.linear_forward(x, w, bias))
+    np.testing.assert_allclose(doc[1], central_differences(loss, weight.copy()), **FD_TOL)
+
+
+@given(seed=seeds, batch=st.lists(small, min_size=1, max_size=2), m=small, k=small, n=small)
+def test_matmul_folded_batch_sums_inside_the_product(seed, batch, m, k, n):
+    """Section 3: with b unbatched, db = aᵀ·dout over all Ba·M rows is the sum over batches."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((*batch, m, k)), rng.standard_normal((k, n))
+    dout = rng.standard_normal((*batch, m, n))
+    da, db = reference.matmul_backward(dout, a, b)
+    np.testing.assert_allclose(db, a.reshape(-1, k).T @ dout.reshape(-1, n), **TOL)
+    np.testing.assert_allclose(da, dout @ b.T, **TOL)
+
+
+@given(seed=seeds, k=small)
+def test_matmul_of_two_vectors(seed, k):
+    """Section 3: both 1-D is the dot product: da = dout·b, db = dout·a."""
+    rng = np.random.default_rng(seed)
+    a, b, dout = rng.standard_normal(k), rng.standard_normal(k), rng.standard_normal(())
+    da, db = reference.matmul_backward(dout, a, b)
+    np.testing.assert_allclose(da, dout * b, **TOL)
+    np.testing.assert_allclose(db, dout * a, **TOL)
+
+
+# ------------------------------------------------------------------------- sections 4-5
+
+@given(seed=seeds, rows=small, c=st.integers(1, 7))
+def test_softmax_backward_is_the_jacobian_product(seed, rows, c):
+    """Section 4: y ∘ (dout − Σ dout∘y) equals doutᵀ·(diag(y) − y·yᵀ), row by row, masked
+    entries and fully masked rows included; and each row of dx sums to 0."""
+    rng = np.random.default_rng(seed)
+    y = reference.softmax_forward(masked_scores(rng, (rows, c)))
+    dout = rng.standard_normal((rows, c))
+    jacobian = np.einsum("ni,ij->nij", y, np.eye(c)) - np.einsum("ni,nj->nij", y, y)
+    want = np.einsum("ni,nij->nj", dout, jacobian)
+    got = reference.softmax_backward(dout, y)
+    np.testing.assert_allclose(got, want, **TOL)
+    np.testing.assert_allclose(got.sum(axis=-1), 0.0, atol=1e-12)
+    assert np.all(got[y == 0] == 0)                # no gradient reaches a masked position
+
+
+@given(seed=seeds, rows=small, c=st.integers(1, 7))
+def test_log_softmax_backward_is_the_jacobian_product(seed, rows, c):
+    """Section 5: dout − exp(out)·Σ dout equals doutᵀ·(I − 1·yᵀ); a fully masked row gets 0."""
+    rng = np.random.default_rng(seed)
+    x = masked_scores(rng, (rows, c))
+    out = reference.log_softmax_forward(x)
+    y = reference.softmax_forward(x)
+    dout = rng.standard_normal((rows, c))
+    jacobian = np.eye(c)[None] - y[:, None, :]       # ∂z_i/∂x_j = δ_ij − y_j
+    want = np.einsum("ni,nij->nj", dout, jacobian)
+    masked = np.all(np.isneginf(x), axis=-1)
+    want[masked] = 0.0
+    np.testing.assert_allclose(reference.log_softmax_backward(dout, out), want, **TOL)
+
+
+# ------------------------------------------------------------------------- sections 7-8
+
+@st.composite
+def attention_cases(draw, gqa=False):
+    """One head group: q (H, L, E), k (Hkv, S, E), v (Hkv, S, Ev), dout, a mask and dropout."""
+    rng = np.random.default_rng(draw(seeds))
+    hkv = draw(st.integers(1, 2))
+    h = hkv * (draw(st.integers(1, 3)) if gqa else 1)
+    l, s, e, ev = (draw(small) for _ in range(4))
+    q = rng.standard_normal((h, l, e))
+    k, v = rng.standard_normal((hkv, s, e)), rng.standard_normal((hkv, s, ev))
+    dout = rng.standard_normal((h, l, ev))
+    kind = draw(st.sampled_from(["none", "bool", "float"]))
+    mask = None
+    if kind == "bool":                             # (L, S), broadcast over heads
+        mask = rng.random((l, s)) < 0.7
+        mask[rng.random(l) < 0.3] = False          # fully masked rows
+    elif kind == "float":
+        mask = rng.standard_normal((1, l, s))
+        mask[rng.random((1, l, s)) < 0.2] = -np.inf
+    p_drop = draw(st.sampled_from([0.0, 0.3]))
+    keep = rng.random((h, l, s)) >= p_drop if p_drop else None
+    return q, k, v, dout, mask, keep, p_drop
+
+
+def probabilities(q, k, mask, scale):
+    """p = softmax(s), s = scale·q·kᵀ + M: the pre-dropout probabilities (section 7)."""
+    return reference.softmax_forward(reference._masked_scores(q, k, mask, scale))
+
+
+@given(case=attention_cases())
+def test_D_is_rowsum_of_dout_times_output(case):
+    """Section 7: D_i = Σ_j p_ij·dp_ij equals Σ_c dout_ic·o_ic, with and without dropout."""
+    q, k, v, dout, mask, keep, p_drop = case
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    out, _ = reference.attention_forward(q, k, v, mask, keep, p_drop, scale)
+    p = probabilities(q, k, mask, scale)
+    dp = dout @ np.swapaxes(v, -1, -2)
+    if keep is not None:
+        dp = reference.dropout_backward(dp, keep, p_drop)
+    np.testing.assert_allclose(np.sum(dout * out, axis=-1), np.sum(p * dp, axis=-1), **TOL)
+
+
+def doc_attention_backward(dout, q, k, v, mask, keep, p_drop, scale, out):
+    """Section 7's four steps, with D from (dout, o), as the document writes them."""
+    p = probabilities(q, k, mask, scale)
+    w = p if keep is None else np.where(keep, p / (1.0 - p_drop), 0.0)
+    dv = np.swapaxes(w, -1, -2) @ dout                         # (1) dv = wᵀ·dout
+    dw = dout @ np.swapaxes(v, -1, -2)                         #     dw = dout·vᵀ
+    dp = dw if keep is None else np.where(keep, dw / (1.0 - p_drop), 0.0)   # (2)
+    d = np.sum(dout * out, axis=-1, keepdims=True)             # D = rowsum(dout ∘ o)
+    ds = p * (dp - d)                                          # (3)
+    dq = scale * ds @ k                                        # (4)
+    dk = scale * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv, ds
+
+
+@given(case=attention_cases())
+def test_attention_backward_steps(case):
+    """Section 7: the four steps give reference.attention_backward's dq, dk, dv and dmask (ds
+    summed to the mask's shape); masked positions get ds = 0."""
+    q, k, v, dout, mask, keep, p_drop = case
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    out, _ = reference.attention_forward(q, k, v, mask, keep, p_drop, scale)
+    dq, dk, dv, ds = doc_attention_backward(dout, q, k, v, mask, keep, p_drop, scale, out)
+    want = reference.attention_backward(dout, q, k, v, mask, keep, p_drop, scale)
+    for got, ref in zip((dq, dk, dv), want[:3]):
+        np.testing.assert_allclose(got, ref, **TOL)
+    scores = reference._masked_scores(q, k, mask, scale)
+    assert np.all(ds[np.isneginf(np.broadcast_to(scores, ds.shape))] == 0)
+    if mask is not None and mask.dtype != bool:
+        np.testing.assert_allclose(reference._sum_to_shape(ds, mask.shape), want[3], **TOL)
+
+
+@given(case=attention_cases(gqa=True))
+def test_gqa_gradients_sum_over_the_group(case):
+    """Section 7: dk_g, dv_g are the sums over the G query heads that read kv head g."""
+    q, k, v, dout, mask, keep, p_drop = case
+    group = q.shape[0] // k.shape[0]
+    scale = 0.5
+    k_h, v_h = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)   # head h reads h // G
+    out, _ = reference.attention_forward(q, k_h, v_h, mask, keep, p_drop, scale)
+    dq, dk_h, dv_h, _ = doc_attention_backward(dout, q, k_h, v_h, mask, keep, p_drop, scale, out)
+    want = reference.scaled_dot_product_attention_backward(
+        dout, q, k, v, mask, keep, p_drop, scale=scale, enable_gqa=True)
+    np.testing.assert_allclose(dq, want[0], **TOL)
+    for got, ref in ((dk_h, want[1]), (dv_h, want[2])):
+        summed = got.reshape(k.shape[0], group, *got.shape[1:]).sum(axis=1)
+        np.testing.assert_allclose(summed, ref, **TOL)
+
+
+def online_softmax(s, v, keep, p_drop, block):
+    """Section 8's forward recurrence over key blocks: (o, lse), written as the document does."""
+    rows = s.shape[0]
+    m, ell = np.full(rows, -np.inf), np.zeros(rows)
+    o = np.zeros((rows, v.shape[1]))
+    drop = np.ones_like(s) if keep is None else keep / (1.0 - p_drop)
+    for j0 in range(0, s.shape[1], block):
+        sj = s[:, j0:j0 + block]
+        m_new = np.maximum(m, sj.max(axis=1))
+        shift = np.where(np.isneginf(m_new), 0.0, m_new)      # all masked so far: shift by 0
+        alpha = np.exp(m - shift)
+        e = np.exp(sj - shift[:, None])
+        ell = alpha * ell + e.sum(axis=1)
+        o = alpha[:, None] * o + (e * drop[:, j0:j0 + block]) @ v[j0:j0 + block]
+        m = m_new
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(ell[:, None] == 0, 0.0, o / ell[:, None])
+        lse = np.where(ell == 0, -np.inf, m + np.log(ell))
+    return out, lse
+
+
+@given(case=attention_cases(), block=st.integers(1, 4))
+def test_online_softmax_is_exact(case, block):
+    """Section 8: the block recurrence gives forward's output and logsumexp, and p = exp(s − lse)
+    rebuilt from lse alone is the softmax, one block at a time."""
+    q, k, v, _, mask, keep, p_drop = case
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    out, lse = reference.scaled_dot_product_attention_forward(q, k, v, mask, keep, p_drop,
+                                                              scale=scale)
+    scores = reference._masked_scores(q, k, mask, scale)        # (H, L, S)
+    for h in range(q.shape[0]):
+        got_o, got_lse = online_softmax(scores[h], v[h], None if keep is None else keep[h],
+                                        p_drop, block)
+        np.testing.assert_allclose(got_o, out[h], **TOL)
+        np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(lse[h]))
+        finite = np.isfinite(lse[h])
+        np.testing.assert_allclose(got_lse[finite], lse[h][finite], **TOL)
+        backward_lse = np.where(np.isneginf(lse[h]), np.inf, lse[h])   # masked row: +inf
+        for j0 in range(0, scores.shape[-1], block):
+            sj = scores[h, :, j0:j0 + block]
+            p_block = np.exp(sj - backward_lse[:, None])
+            want = reference.softmax_forward(scores[h])[:, j0:j0 + block]
+            np.testing.assert_allclose(p_block, want, **TOL)
+
+
+# ------------------------------------------------------------------------- sections 5, 9-11
+
+@given(seed=seeds, n=small, c=st.integers(1, 5), reduction=st.sampled_from(["mean", "sum", "none"]),
+       smoothing=st.sampled_from([0.0, 0.2]))
+def test_cross_entropy_gradient_is_softmax_minus_target(seed, n, c, reduction, smoothing):
+    """Section 5: d loss/d logits = dℓ·(softmax − ((1 − ε)·onehot + ε/C)), 0 on ignored rows,
+    dℓ = dout / M for "mean" -- against the textbook and central differences of the loss."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c)) * 2.0
+    target = rng.integers(0, c, size=n)
+    target[rng.random(n) < 0.3] = -100                         # ignore_index
+    ignored = target == -100
+    dout = rng.standard_normal(n if reduction == "none" else ())
+    if reduction == "none":
+        dl = dout
+    elif reduction == "sum":
+        dl = np.full(n, float(dout))
+    else:
+        dl = np.full(n, float(dout) / max(np.sum(~ignored), 1))
+    q = (1 - smoothing) * (np.arange(c) == target[:, None]) + smoothing / c
+    doc = dl[:, None] * (reference.softmax_forward(x) - q)
+    doc[ignored] = 0.0
+    args = (target, -100, reduction, smoothing)
+    np.testing.assert_allclose(reference.cross_entropy_backward(dout, x, *args), doc, **TOL)
+    if reduction == "mean" and ignored.all():
+        return                                                 # the loss is NaN: no differences
+    loss = dot_with(dout, lambda x: reference.cross_entropy_forward(x, *args))
+    np.testing.assert_allclose(doc, central_differences(loss, x.copy()), **FD_TOL)
+
+
+@given(seed=seeds, lead=st.lists(small, min_size=1, max_size=2),
+       shape=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       eps=st.sampled_from([1e-5, 0.5]))
+def test_layer_norm_dx_formula(seed, lead, shape, eps):
+    """Section 9: dx = rstd·(g − mean(g) − x̂·mean(g∘x̂)), g = dout∘γ; dγ = Σ dout∘x̂, dβ = Σ dout
+    -- against central differences of the forward and against the textbook."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*lead, *shape))
+    gamma, beta = rng.standard_normal(shape), rng.standard_normal(shape)
+    dout = rng.standard_normal(x.shape)
+    axes = tuple(range(len(lead), x.ndim))
+
+    def mean(a):                                               # over the row
+        return a.mean(axis=axes, keepdims=True)
+
+    rstd = 1.0 / np.sqrt(mean((x - mean(x)) ** 2) + eps)
+    xhat = (x - mean(x)) * rstd
+    g = dout * gamma
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    rows = tuple(range(len(lead)))
+    doc = (dx, np.sum(dout * xhat, axis=rows), np.sum(dout, axis=rows))
+    for got, want in zip(reference.layer_norm_backward(dout, x, tuple(shape), gamma, beta, eps),
+                         doc):
+        np.testing.assert_allclose(got, want, **TOL)
+    loss = dot_with(dout, lambda x: reference.layer_norm_forward(x, tuple(shape), gamma, beta,
+                                                                  eps))
+    np.testing.assert_allclose(dx, central_differences(loss, x.copy()), **FD_TOL)
+    np.testing.assert_allclose(dx.sum(axis=axes), 0.0, atol=1e-10)
+
+
+@given(seed=seeds, n=st.integers(0, 12), rows=st.integers(1, 4), e=small,
+       padding=st.one_of(st.none(), st.integers(-4, 3)))
+def test_embedding_gradient_is_a_scatter_add(seed, n, rows, e, padding):
+    """Section 10: dW[r] = Σ_{n : idx_n = r} dout[n] in ascending n, the padding row zero."""
+    rng = np.random.default_rng(seed)
+    padding = None if padding is None or not -rows <= padding < rows else padding
+    indices = rng.integers(0, rows, size=n)
+    weight, dout = rng.standard_normal((rows, e)), rng.standard_normal((n, e))
+    doc = np.zeros((rows, e))
+    for i in range(n):                                         # the serial loop, in order
+        doc[indices[i]] += dout[i]
+    if padding is not None:
+        doc[padding] = 0.0
+    got = reference.embedding_backward(dout, indices, weight, padding)
+    np.testing.assert_allclose(got, doc, **TOL)
+
+
+def split_heads(x, heads):
+    """(L, N, E) -> (N, H, L, D): section 11's step 2."""
+    length, n, width = x.shape
+    return x.reshape(length, n, heads, width // heads).transpose(1, 2, 0, 3)
+
+
+def merge_heads(x):
+    """(N, H, L, D) -> (L, N, E): section 11's step 4."""
+    n, heads, length, width = x.shape
+    return x.transpose(2, 0, 1, 3).reshape(length, n, heads * width)
+
+
+def mha_forward(x, in_w, in_b, out_w, out_b, heads):
+    """torch.nn.MultiheadAttention's self-attention, steps 1-5 of section 11, from the textbook."""
+    e = x.shape[-1]
+    q, k, v = (split_heads(reference.linear_forward(x, in_w[i * e:(i + 1) * e],
+                                                    in_b[i * e:(i + 1) * e]), heads)
+               for i in range(3))
+    a, _ = reference.scaled_dot_product_attention_forward(q, k, v)
+    return reference.linear_forward(merge_heads(a), out_w, out_b)
+
+
+@given(seed=seeds, length=st.integers(1, 3), n=st.integers(1, 2), heads=st.integers(1, 2),
+       d=st.integers(1, 2))
+def test_multihead_self_attention_chain(seed, length, n, heads, d):
+    """Section 11: the chain back through out-projection, heads, SDPA and in-projection, with
+    dx = dquery + dkey + dvalue = [dq dk dv]·in_proj_weight -- against central differences."""
+    rng = np.random.default_rng(seed)
+    e = heads * d
+    x = rng.standard_normal((length, n, e))
+    in_w, in_b = rng.standard_normal((3 * e, e)), rng.standard_normal(3 * e)
+    out_w, out_b = rng.standard_normal((e, e)), rng.standard_normal(e)
+    dout = rng.standard_normal((length, n, e))
+    q, k, v = (split_heads(reference.linear_forward(x, in_w[i * e:(i + 1) * e],     # 1, 2
+                                                    in_b[i * e:(i + 1) * e]), heads)
+               for i in range(3))
+    a, _ = reference.scaled_dot_product_attention_forward(q, k, v)
+    da, dout_w, _ = reference.linear_backward(dout, merge_heads(a), out_w, out_b)       # 5
+    dq, dk, dv, _ = reference.scaled_dot_product_attention_backward(
+        split_heads(da, heads), q, k, v)                                                # 4, 3
+    dqkv = np.concatenate([merge_heads(g) for g in (dq, dk, dv)], axis=-1)             # 2
+    dx = dqkv @ in_w                                           # 1: [dq dk dv]·in_proj_weight
+    din_w = dqkv.reshape(-1, 3 * e).T @ x.reshape(-1, e)
+    loss = dot_with(dout, lambda x: mha_forward(x, in_w, in_b, out_w, out_b, heads))
+    np.testing.assert_allclose(dx, central_differences(loss, x.copy()), **FD_TOL)
+    loss = dot_with(dout, lambda w: mha_forward(x, w, in_b, out_w, out_b, heads))
+    np.testing.assert_allclose(din_w, central_differences(loss, in_w.copy()), **FD_TOL)
+    loss = dot_with(dout, lambda w: mha_forward(x, in_w, in_b, w, out_b, heads))
+    np.testing.assert_allclose(dout_w, central_differences(loss, out_w.copy()), **FD_TOL)
