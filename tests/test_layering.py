@@ -76,7 +76,8 @@ def test_imports_point_down(path):
 
 def test_every_layer_is_checked():
     """A new top-level module must be placed in a layer here (or be the people layer)."""
-    people = {"npattn", "npattn.__main__", "npattn.cli", "npattn.explain", "npattn.demo"}
+    people = {"npattn", "npattn.__main__", "npattn.cli", "npattn.explain", "npattn.demo",
+              "npattn.warmup", "npattn.info"}
     for path in MODULES:
         name = module_name(path)
         assert rule_for(name) is not None or name in people, f"{name} has no layering rule"
