@@ -1,0 +1,426 @@
+"""Optimisers: SGD (with momentum and Nesterov), Adam and AdamW, as ``torch.optim`` computes them.
+
+Each ``step()`` reads every parameter's accumulated ``grad`` and updates its ``data`` in place,
+following the pseudocode of PyTorch's documentation for that class -- copied into each
+docstring below -- in the order PyTorch's (single-tensor) implementation evaluates it, so a
+run agrees with ``torch.optim`` to a few ulps of the parameter's dtype (PyTorch fuses some
+multiply-adds, NumPy rounds each operation). The usage is PyTorch's::
+
+    opt = Adam(model.parameters(), lr=1e-3)
+    for x, target in batches:
+        opt.zero_grad()                      # grads accumulate: clear them first
+        loss_and_backward(model, x, target)  # fills every parameter.grad
+        opt.step()
+
+``params`` is an iterable of :class:`npattn.nn.Parameter` or a list of dicts
+``{"params": [...], "lr": ...}`` -- *parameter groups*, each with its own options (those it does
+not give come from the constructor). ``optimizer.param_groups`` is that list of dicts, so a
+learning-rate schedule is ``for g in opt.param_groups: g["lr"] = new_lr``.
+
+Dtypes: the update runs in each parameter's dtype, and the optimiser's state (momentum buffer,
+moments) is kept in that dtype too, as in PyTorch. Hyperparameters are Python floats and are
+rounded to the parameter's dtype where they multiply an array (NumPy's rule for Python scalars,
+and PyTorch's). Each update is whole-array NumPy per parameter, with no per-element loop.
+
+``state_dict()`` / ``load_state_dict()`` use PyTorch's layout and key names (``"state"`` keyed by
+the parameter's position across groups, holding ``"momentum_buffer"`` or ``"step"``,
+``"exp_avg"``, ``"exp_avg_sq"``, ``"max_exp_avg_sq"``; ``"param_groups"`` with the options and
+``"params"`` as positions), so PyTorch's state converted with ``.numpy()`` loads too.
+"""
+import copy
+import numbers
+
+import numpy as np
+
+from .nn.module import Parameter
+
+
+# ------------------------------------------------------------------ argument checks
+
+def _real(name, value, where):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}{name} must be a real number; got {type(value).__name__} "
+                        f"{value!r}")
+    return float(value)
+
+
+def _at_least_zero(name, value, what, where):
+    value = _real(name, value, where)
+    if not value >= 0.0:                                  # also rejects NaN
+        raise ValueError(f"Invalid {what}: {where}{name} must be >= 0.0; got {value}")
+    return value
+
+
+def _betas(value, where):
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{where}betas must be a pair (beta1, beta2); got {value!r}")
+    betas = []
+    for i, beta in enumerate(value):
+        beta = _real(f"betas[{i}]", beta, where)
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {where}betas[{i}] must be in "
+                             f"[0, 1); got {beta}")
+        betas.append(beta)
+    return tuple(betas)
+
+
+# ------------------------------------------------------------------ the shared machinery
+
+class Optimizer:
+    """Base class: parameter groups, per-parameter state, ``zero_grad`` and state dicts.
+
+    Subclasses define ``_check_group(group, where)`` (validate and normalise the options of one
+    group, raising errors that name the option) and ``_update(group)`` (one step of the rule).
+    """
+
+    def __init__(self, params, defaults):
+        self.defaults = self._check_group(dict(defaults), "")
+        self.state = {}                                   # Parameter -> {name: array or float}
+        self.param_groups = []
+        if isinstance(params, (Parameter, np.ndarray, dict)):
+            raise TypeError("params must be an iterable of Parameters or of dicts (parameter "
+                            f"groups); got a single {type(params).__name__}")
+        try:
+            groups = list(params)
+        except TypeError:
+            raise TypeError("params must be an iterable of Parameters or of dicts (parameter "
+                            f"groups); got {type(params).__name__}") from None
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list: params must hold at least "
+                             "one Parameter")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def add_param_group(self, param_group):
+        """Add ``{"params": [...], option: value, ...}``; missing options take the defaults."""
+        where = f"param_groups[{len(self.param_groups)}]: "
+        if not isinstance(param_group, dict):
+            raise TypeError(f"{where}a parameter group must be a dict; got "
+                            f"{type(param_group).__name__}")
+        if "params" not in param_group:
+            raise ValueError(f"{where}a parameter group must have a 'params' entry; got keys "
+                             f"{sorted(param_group)}")
+        params = param_group["params"]
+        if isinstance(params, Parameter):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            raise TypeError(f"{where}params must be an ordered collection (a list), not a set: "
+                            "a set's order changes between runs")
+        else:
+            params = list(params)
+        for i, param in enumerate(params):
+            if not isinstance(param, Parameter):
+                raise TypeError(f"optimizer can only optimize Parameters, but {where}params[{i}] "
+                                f"is {type(param).__name__}")
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError(f"{where}params holds the same Parameter more than once")
+        taken = {id(p) for group in self.param_groups for p in group["params"]}
+        if any(id(p) in taken for p in params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        group = dict(self.defaults)
+        group.update((k, v) for k, v in param_group.items() if k != "params")
+        group = self._check_group(group, where)
+        group["params"] = params
+        self.param_groups.append(group)
+
+    def zero_grad(self):
+        """Set every parameter's gradient to zero (in place, so references to it stay valid)."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    param.grad = np.zeros_like(param.data)
+                else:
+                    param.grad[...] = 0
+
+    def step(self, closure=None):
+        """One update of every parameter from its ``grad``; returns ``closure()`` if given.
+
+        ``closure`` (optional) re-evaluates the model and returns the loss, as in PyTorch; it
+        runs before the update. A parameter whose ``grad`` is None is skipped, as in PyTorch.
+        """
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            self._update(group)
+        return loss
+
+    @staticmethod
+    def _grad(param):
+        """The parameter's gradient, checked against its data; None when it has none."""
+        grad = param.grad
+        if grad is None:
+            return None
+        grad = np.asarray(grad)
+        if grad.shape != param.data.shape:
+            raise ValueError(f"a parameter's grad must have its data's shape {param.data.shape}; "
+                             f"got {grad.shape}")
+        if grad.dtype != param.data.dtype:
+            raise TypeError(f"a parameter's grad must have its data's dtype {param.data.dtype}; "
+                            f"got {grad.dtype}")
+        return grad
+
+    # -------------------------------------------------------------- state dicts
+    def state_dict(self):
+        """``{"state": {position: {...}}, "param_groups": [{options, "params": positions}]}``.
+
+        Positions number the parameters across groups in order, as PyTorch does; arrays are
+        copies.
+        """
+        positions, groups = {}, []
+        for group in self.param_groups:
+            packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
+            packed["params"] = [positions.setdefault(id(p), len(positions))
+                                for p in group["params"]]
+            groups.append(packed)
+        state = {positions[id(param)]: {k: v.copy() if isinstance(v, np.ndarray) else v
+                                        for k, v in entry.items()}
+                 for param, entry in self.state.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Load what :meth:`state_dict` returned (or PyTorch's, converted to NumPy).
+
+        The groups must hold as many parameters as this optimiser's; options (``lr``...) are
+        taken from the saved groups; arrays are cast to each parameter's dtype, shapes must match.
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups; this "
+                             f"optimizer has {len(self.param_groups)}")
+        by_position = {}
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"loaded state dict's param_groups[{i}] has "
+                                 f"{len(saved['params'])} parameters; this optimizer's has "
+                                 f"{len(group['params'])}")
+            by_position.update(zip(saved["params"], group["params"]))
+        new_groups = []
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            options = dict(group)
+            options.update((k, v) for k, v in saved.items() if k != "params")
+            options = self._check_group(options, f"param_groups[{i}]: ")
+            options["params"] = group["params"]
+            new_groups.append(options)
+        new_state = {}
+        for position, entry in state_dict["state"].items():
+            param = by_position.get(position)
+            if param is None:
+                raise ValueError(f"loaded state dict has state for parameter {position!r}, "
+                                 "which no parameter group holds")
+            new_state[param] = {key: self._load_value(key, value, param)
+                                for key, value in entry.items()}
+        self.param_groups, self.state = new_groups, new_state
+
+    @staticmethod
+    def _load_value(key, value, param):
+        if value is None:
+            return None
+        if key == "step":
+            return float(np.asarray(value))
+        array = np.array(value, dtype=param.data.dtype, order="C")
+        if array.shape != param.data.shape:
+            raise ValueError(f"state {key!r} must have the parameter's shape {param.data.shape}; "
+                             f"got {array.shape}")
+        return array
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {group[k]}" for k in sorted(group) if k != "params"]
+        return "\n".join(lines + [")"])
+
+
+# ------------------------------------------------------------------ SGD
+
+class SGD(Optimizer):
+    r"""Stochastic gradient descent, optionally with momentum, as ``torch.optim.SGD``.
+
+    PyTorch's pseudocode, with γ = lr, λ = weight_decay, μ = momentum, τ = dampening::
+
+        for t = 1, 2, ...:
+            g_t = -∇f(θ_{t-1}) if maximize else ∇f(θ_{t-1})
+            if λ ≠ 0:  g_t = g_t + λ·θ_{t-1}
+            if μ ≠ 0:
+                b_t = μ·b_{t-1} + (1 - τ)·g_t   if t > 1   else   g_t
+                g_t = g_t + μ·b_t               if nesterov else   b_t
+            θ_t = θ_{t-1} - γ·g_t
+
+    The momentum buffer starts as the first gradient (no dampening on the first step).
+
+    Shapes: each parameter's data and grad (...), one dtype; state "momentum_buffer" (...) too
+
+    Args:
+        params: Parameters or parameter groups (see the module docstring).
+        lr: learning rate γ >= 0.   momentum: μ >= 0.   dampening: τ.
+        weight_decay: λ >= 0 (L2 penalty added to the gradient).
+        nesterov: Nesterov momentum; needs momentum > 0 and dampening = 0.
+        maximize: ascend the objective instead of descending.
+    """
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, maximize=False):
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _check_group(group, where):
+        group["lr"] = _at_least_zero("lr", group["lr"], "learning rate", where)
+        group["momentum"] = _at_least_zero("momentum", group["momentum"], "momentum value", where)
+        group["dampening"] = _real("dampening", group["dampening"], where)
+        group["weight_decay"] = _at_least_zero("weight_decay", group["weight_decay"],
+                                               "weight_decay value", where)
+        group["nesterov"], group["maximize"] = bool(group["nesterov"]), bool(group["maximize"])
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(f"Nesterov momentum requires a momentum and zero dampening: "
+                             f"{where}nesterov=True needs momentum > 0 and dampening == 0; got "
+                             f"momentum={group['momentum']}, dampening={group['dampening']}")
+        return group
+
+    def _update(self, group):
+        lr, mu, tau = float(group["lr"]), float(group["momentum"]), float(group["dampening"])
+        decay = float(group["weight_decay"])
+        for param in group["params"]:
+            grad = self._grad(param)
+            if grad is None:
+                continue
+            g = -grad if group["maximize"] else grad               # never write into .grad
+            if decay != 0:
+                g = g + decay * param.data                         # (...)
+            if mu != 0:
+                state = self.state.setdefault(param, {})
+                buf = state.get("momentum_buffer")
+                if buf is None:                                    # t = 1: b_1 = g_1
+                    buf = state["momentum_buffer"] = np.array(g, dtype=param.data.dtype)
+                else:
+                    buf *= mu
+                    buf += (1.0 - tau) * g
+                g = g + mu * buf if group["nesterov"] else buf
+            param.data -= lr * g
+
+
+# ------------------------------------------------------------------ Adam and AdamW
+
+class Adam(Optimizer):
+    r"""Adam, as ``torch.optim.Adam``: moment estimates with bias correction.
+
+    PyTorch's pseudocode, with γ = lr, (β1, β2) = betas, λ = weight_decay, ε = eps::
+
+        m_0 = 0, v_0 = 0, v̂max_0 = 0
+        for t = 1, 2, ...:
+            g_t = -∇f(θ_{t-1}) if maximize else ∇f(θ_{t-1})
+            if λ ≠ 0:  g_t = g_t + λ·θ_{t-1}            (L2 penalty, added to the gradient)
+            m_t = β1·m_{t-1} + (1 - β1)·g_t
+            v_t = β2·v_{t-1} + (1 - β2)·g_t²
+            m̂_t = m_t / (1 - β1^t)
+            if amsgrad:
+                v̂max_t = max(v̂max_{t-1}, v_t)
+                v̂_t = v̂max_t / (1 - β2^t)
+            else:
+                v̂_t = v_t / (1 - β2^t)
+            θ_t = θ_{t-1} - γ·m̂_t / (√v̂_t + ε)
+
+    Evaluated as PyTorch does: ``m += (1 - β1)·(g - m)`` (a lerp), and
+    ``θ -= (γ / (1 - β1^t))·m / (√v / √(1 - β2^t) + ε)``, the bias corrections in float64.
+
+    Shapes: each parameter's data and grad (...), one dtype; state "exp_avg", "exp_avg_sq"
+    (and "max_exp_avg_sq" with amsgrad) (...) in that dtype, "step" a float
+
+    Args:
+        params: Parameters or parameter groups (see the module docstring).
+        lr: γ >= 0.   betas: (β1, β2), each in [0, 1).   eps: ε >= 0, keeps the division finite.
+        weight_decay: λ >= 0.   amsgrad: use the running maximum of v.   maximize: ascend.
+    """
+
+    _decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, maximize=False):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        amsgrad=amsgrad, maximize=maximize)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _check_group(group, where):
+        group["lr"] = _at_least_zero("lr", group["lr"], "learning rate", where)
+        group["eps"] = _at_least_zero("eps", group["eps"], "epsilon value", where)
+        group["betas"] = _betas(group["betas"], where)
+        group["weight_decay"] = _at_least_zero("weight_decay", group["weight_decay"],
+                                               "weight_decay value", where)
+        group["amsgrad"], group["maximize"] = bool(group["amsgrad"]), bool(group["maximize"])
+        return group
+
+    def _update(self, group):
+        lr, eps, decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+        beta1, beta2 = (float(b) for b in group["betas"])
+        for param in group["params"]:
+            grad = self._grad(param)
+            if grad is None:
+                continue
+            g = -grad if group["maximize"] else grad               # never write into .grad
+            state = self.state.setdefault(param, {})
+            if not state:
+                state["step"] = 0.0
+                state["exp_avg"] = np.zeros_like(param.data)
+                state["exp_avg_sq"] = np.zeros_like(param.data)
+                if group["amsgrad"]:
+                    state["max_exp_avg_sq"] = np.zeros_like(param.data)
+            state["step"] += 1.0
+            t = state["step"]
+            if decay != 0:
+                if self._decoupled:
+                    param.data *= 1.0 - lr * decay                 # AdamW: θ ← θ - γλθ
+                else:
+                    g = g + decay * param.data                     # Adam: L2 in the gradient
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m += (1.0 - beta1) * (g - m)                           # β1·m + (1 - β1)·g
+            v *= beta2
+            v += (1.0 - beta2) * g * g                             # β2·v + (1 - β2)·g²
+            step_size = lr / (1.0 - beta1 ** t)
+            bias_correction2_sqrt = (1.0 - beta2 ** t) ** 0.5
+            if group["amsgrad"]:
+                if state.get("max_exp_avg_sq") is None:            # amsgrad switched on later
+                    state["max_exp_avg_sq"] = np.zeros_like(param.data)
+                np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
+                v = state["max_exp_avg_sq"]
+            denom = np.sqrt(v) / bias_correction2_sqrt             # √v̂ (...)
+            denom += eps
+            param.data -= step_size * m / denom
+
+
+class AdamW(Adam):
+    r"""AdamW, as ``torch.optim.AdamW``: Adam with *decoupled* weight decay.
+
+    PyTorch's pseudocode, with γ = lr, (β1, β2) = betas, λ = weight_decay, ε = eps::
+
+        m_0 = 0, v_0 = 0, v̂max_0 = 0
+        for t = 1, 2, ...:
+            g_t = -∇f(θ_{t-1}) if maximize else ∇f(θ_{t-1})
+            θ_t = θ_{t-1} - γ·λ·θ_{t-1}               (decay the weights, not the gradient)
+            m_t = β1·m_{t-1} + (1 - β1)·g_t
+            v_t = β2·v_{t-1} + (1 - β2)·g_t²
+            m̂_t = m_t / (1 - β1^t)
+            if amsgrad:
+                v̂max_t = max(v̂max_{t-1}, v_t)
+                v̂_t = v̂max_t / (1 - β2^t)
+            else:
+                v̂_t = v_t / (1 - β2^t)
+            θ_t = θ_t - γ·m̂_t / (√v̂_t + ε)
+
+    The decay is ``θ *= 1 - γ·λ``, outside the adaptive scaling: with Adam's L2 penalty
+    (``g + λθ``) a weight with large gradients would be decayed less; here every weight decays
+    at the same rate. The default ``weight_decay`` is 1e-2, as in PyTorch.
+
+    Shapes: as :class:`Adam`
+
+    Args: as :class:`Adam`; ``weight_decay`` λ >= 0 defaults to 1e-2.
+    """
+
+    _decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, maximize=False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad, maximize=maximize)
