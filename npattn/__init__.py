@@ -17,7 +17,11 @@ from .functional.attention import (attention, attention_backward, attention_forw
                                    scaled_dot_product_attention,
                                    scaled_dot_product_attention_backward,
                                    scaled_dot_product_attention_forward)
+from .functional.cross_entropy import (cross_entropy, cross_entropy_backward,
+                                       cross_entropy_forward)
 from .functional.dropout import dropout, dropout_backward, dropout_forward, dropout_mask
+from .functional.embedding import embedding, embedding_backward, embedding_forward
+from .functional.layer_norm import layer_norm, layer_norm_backward, layer_norm_forward
 from .functional.linear import linear, linear_backward, linear_forward
 from .functional.matmul import matmul, matmul_backward, matmul_forward
 from .functional.softmax import (log_softmax, log_softmax_backward, log_softmax_forward,
@@ -35,4 +39,7 @@ __all__ = [
     "scaled_dot_product_attention", "scaled_dot_product_attention_forward",
     "scaled_dot_product_attention_backward",
     "attention", "attention_forward", "attention_backward",
+    "embedding", "embedding_forward", "embedding_backward",
+    "cross_entropy", "cross_entropy_forward", "cross_entropy_backward",
+    "layer_norm", "layer_norm_forward", "layer_norm_backward",
 ]

@@ -269,3 +269,187 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
                 scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
                 seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
                 out_ndim=max(query.ndim, key.ndim, value.ndim))
+
+
+# ---------------------------------------------------------------- embedding, cross-entropy, norm
+
+INT64_RANGE = (-2**63, 2**63 - 1)
+
+
+def int_value(name, value, what="an int"):
+    """A Python or NumPy integer (not a bool) as an int."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {what}; got {type(value).__name__}")
+    return int(value)
+
+
+def index_array(name, value, what="an integer array"):
+    """``value`` as an integer ndarray: bool and float arrays are a ``TypeError``."""
+    if value is None:
+        raise TypeError(f"{name} must be {what}; got None")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise TypeError(f"{name} must be {what}; got {type(value).__name__} that NumPy cannot "
+                        f"convert ({exc})") from None
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must be {what}; got dtype {arr.dtype}")
+    return arr
+
+
+def indices_in_range(name, arr, stop, what, allowed=None):
+    """Every entry of the integer array ``arr`` in [0, stop) (or equal to ``allowed``).
+
+    A ``ValueError`` names the first offending value in C order and its position, e.g.
+    ``indices must be in [0, 10) (weight has 10 rows); got 12 at position (1, 2)``.
+    """
+    bad = (arr < 0) | (arr >= stop)
+    if allowed is not None:
+        bad &= arr != allowed
+    if bad.any():
+        pos = tuple(int(i) for i in np.argwhere(bad)[0])    # () for a 0-d array
+        raise ValueError(f"{name} must be in [0, {stop}) {what}; got {arr[pos]} at position "
+                         f"{pos}")
+
+
+def as_int64(arr):
+    """An integer array already checked to lie in int64's range, as C-contiguous, writeable
+    int64 (see :func:`contiguous` for why writeable)."""
+    return contiguous(np.asarray(arr, dtype=np.int64))
+
+
+def embedding_args(indices, weight, padding_idx):
+    """indices (...) integer in [0, V), weight (V, E) float, padding_idx None or in [-V, V).
+
+    Returns indices as C-contiguous int64, weight C-contiguous, and padding_idx as -1 (none) or
+    a row in [0, V) (a negative one counts from the end, as in PyTorch).
+    """
+    weight = float_array("weight", weight)
+    if weight.ndim != 2:
+        raise ValueError(f"weight must have shape (num_embeddings, embedding_dim); got "
+                         f"{weight.shape}")
+    n_rows = weight.shape[0]
+    indices = index_array("indices", indices)
+    indices_in_range("indices", indices, n_rows, f"(weight has {n_rows} rows)")
+    if padding_idx is None:
+        padding_idx = -1
+    else:
+        padding_idx = int_value("padding_idx", padding_idx, "an int or None")
+        if not -n_rows <= padding_idx < n_rows:
+            raise ValueError(f"padding_idx must be in [{-n_rows}, {n_rows}) for weight with "
+                             f"{n_rows} rows; got {padding_idx}")
+        padding_idx %= n_rows
+    return as_int64(indices), contiguous(weight), padding_idx
+
+
+def embedding_backward_args(dout, indices, weight, padding_idx):
+    indices, weight, padding_idx = embedding_args(indices, weight, padding_idx)
+    dout = float_array("dout", dout)
+    same_dtype("dout", dout, "weight", weight)
+    exact_shape("dout", dout, indices.shape + weight.shape[1:],
+                f"(indices.shape + (embedding_dim,)) to match indices {indices.shape} and "
+                f"weight {weight.shape}")
+    return contiguous(dout), indices, weight, padding_idx
+
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def cross_entropy_args(input, target, ignore_index, reduction, label_smoothing):
+    """input (C,), (N, C) or (N, C, d1, ...) float; target (), (N,) or (N, d1, ...) integer
+    class indices in [0, C) or equal to ignore_index.
+
+    Returns input and target as given (the functional layer moves the class axis), ignore_index
+    as an int, reduction and label_smoothing checked.
+    """
+    input = float_array("input", input)
+    min_ndim("input", input, 1, "(C,), (N, C) or (N, C, d1, ...)")
+    if target is not None:
+        arr = np.asarray(target)
+        if np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"target must hold class indices (an integer array): class "
+                            f"probabilities are not supported; got dtype {arr.dtype}")
+    target = index_array("target", target, "an integer array of class indices")
+    n_classes = input.shape[1 if input.ndim > 1 else 0]
+    expected = () if input.ndim == 1 else (input.shape[0],) + input.shape[2:]
+    exact_shape("target", target, expected,
+                f"(input's shape without its class dim 1) to match input {input.shape}")
+    ignore_index = int_value("ignore_index", ignore_index)
+    if not INT64_RANGE[0] <= ignore_index <= INT64_RANGE[1]:
+        raise ValueError(f"ignore_index must fit in int64; got {ignore_index}")
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}")
+    label_smoothing = probability("label_smoothing", label_smoothing)
+    indices_in_range("target", target, n_classes,
+                     f"(input has {n_classes} classes) or equal ignore_index = {ignore_index}",
+                     allowed=ignore_index)
+    return input, target, ignore_index, reduction, label_smoothing
+
+
+def cross_entropy_backward_args(dout, input, target, ignore_index, reduction, label_smoothing):
+    args = cross_entropy_args(input, target, ignore_index, reduction, label_smoothing)
+    input, target = args[:2]
+    dout = float_array("dout", dout)
+    same_dtype("dout", dout, "input", input)
+    if reduction == "none":
+        exact_shape("dout", dout, target.shape, "(target's shape, for reduction='none')")
+    else:
+        exact_shape("dout", dout, (), f"(0-d, for reduction={reduction!r})")
+    return (dout,) + args
+
+
+def normalized_shape_value(name, normalized_shape):
+    """PyTorch's ``normalized_shape``: an int or a non-empty sequence of non-negative ints."""
+    if isinstance(normalized_shape, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int or a tuple of ints; got bool")
+    if isinstance(normalized_shape, numbers.Integral):
+        dims = (normalized_shape,)
+    elif isinstance(normalized_shape, (tuple, list)) or (
+            isinstance(normalized_shape, np.ndarray) and normalized_shape.ndim == 1):
+        dims = tuple(normalized_shape)
+    else:
+        raise TypeError(f"{name} must be an int or a tuple of ints; got "
+                        f"{type(normalized_shape).__name__}")
+    for n in dims:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"{name} must be an int or a tuple of ints; got {normalized_shape!r}")
+        if n < 0:
+            raise ValueError(f"{name} must not have negative dims; got {normalized_shape!r}")
+    if not dims:
+        raise ValueError(f"{name} must have at least one dim (the trailing dims of x to "
+                         f"normalise); got {normalized_shape!r}")
+    return tuple(int(n) for n in dims)
+
+
+def layer_norm_args(x, normalized_shape, weight, bias, eps):
+    """x (..., *normalized_shape) float; weight and bias of shape normalized_shape or None;
+    eps a finite real >= 0. Returns x, weight, bias C-contiguous, the shape and eps."""
+    x = float_array("x", x)
+    shape = normalized_shape_value("normalized_shape", normalized_shape)
+    if x.ndim < len(shape) or x.shape[x.ndim - len(shape):] != shape:
+        dims = ", ".join(str(n) for n in shape)
+        raise ValueError(f"x must have shape (..., {dims}) to match normalized_shape "
+                         f"{shape}; got {x.shape}")
+    if weight is not None:
+        weight = float_array("weight", weight)
+        same_dtype("weight", weight, "x", x)
+        exact_shape("weight", weight, shape, "(normalized_shape)")
+    if bias is not None:
+        bias = float_array("bias", bias)
+        same_dtype("bias", bias, "x", x)
+        exact_shape("bias", bias, shape, "(normalized_shape)")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number >= 0; got {type(eps).__name__}")
+    eps = float(eps)
+    if not (0.0 <= eps < math.inf):                  # also rejects NaN
+        raise ValueError(f"eps must be a finite real number >= 0; got {eps}")
+    x, weight, bias = contiguous(x, weight, bias)
+    return x, shape, weight, bias, eps
+
+
+def layer_norm_backward_args(dout, x, normalized_shape, weight, bias, eps):
+    x, shape, weight, bias, eps = layer_norm_args(x, normalized_shape, weight, bias, eps)
+    dout = float_array("dout", dout)
+    same_dtype("dout", dout, "x", x)
+    exact_shape("dout", dout, x.shape, "to match x")
+    return contiguous(dout), x, shape, weight, bias, eps

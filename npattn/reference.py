@@ -260,3 +260,146 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     if dmask is not None:
         dmask = _sum_to_shape(dmask, attn_mask.shape)
     return dquery, dkey, dvalue, dmask
+
+
+# ------------------------------------------------------------------------- embedding
+
+def embedding_forward(indices, weight, padding_idx=None):
+    """out = weight[indices]: each index picks its row of the table.
+
+    Shapes: indices (...) integer in [0, V) · weight (V, E) -> (..., E). ``padding_idx`` only
+    matters to backward.
+    """
+    return weight[indices]
+
+
+def embedding_backward(dout, indices, weight, padding_idx=None):
+    """dweight[v] = Σ_{p : indices[p] = v} dout[p], and zero for the row ``padding_idx``.
+
+    Shapes: dout (..., E) · indices (...) -> dweight (V, E)
+    """
+    dweight = np.zeros(weight.shape)
+    np.add.at(dweight, indices.reshape(-1), dout.reshape(indices.size, weight.shape[1]))
+    if padding_idx is not None:
+        dweight[padding_idx] = 0.0                       # negative counts from the end
+    return dweight
+
+
+# ------------------------------------------------------------------------- cross-entropy
+
+def _classes_last(input, target):
+    """input as rows (M, C) and target as (M,): classes on axis 1 (axis 0 of a 1-D input)."""
+    x = np.moveaxis(input, 1, -1) if input.ndim > 1 else input          # (N, d..., C)
+    rows = x.reshape(int(np.prod(x.shape[:-1])), x.shape[-1])           # (M, C)
+    return rows, np.asarray(target).reshape(-1)                         # (M,)
+
+
+def _log_softmax_rows(x):
+    """log p_c = x_c - m - log Σ_k exp(x_k - m) along the last axis; NaN for a row of -inf,
+    as torch.log_softmax (unlike this module's ``log_softmax_forward``)."""
+    m = np.max(x, axis=-1, keepdims=True, initial=-np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
+
+
+def cross_entropy_forward(input, target, ignore_index=-100, reduction="mean",
+                          label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy with class-index targets.
+
+    loss_i = (1 - ε)·(-log p_{i, t_i}) + ε·mean_c(-log p_{i, c}),  log p = log_softmax(input)
+    over the classes, ε = label_smoothing (the second term only when ε > 0); 0 where
+    t_i == ignore_index. "mean" divides Σ_i loss_i by the number of targets not ignored.
+    Shapes: input (C,), (N, C), (N, C, d...) · target (), (N,), (N, d...) -> target's shape or ()
+    """
+    x, t = _classes_last(input, target)                  # (M, C), (M,)
+    n_classes = x.shape[-1]
+    ignored = t == ignore_index                          # (M,)
+    logp = _log_softmax_rows(x)                          # (M, C)
+    is_target = np.arange(n_classes) == t[:, None]       # (M, C) one-hot
+    loss = -np.sum(np.where(is_target, logp, 0.0), axis=-1)           # -log p_t  (M,)
+    if label_smoothing > 0:
+        with np.errstate(invalid="ignore", divide="ignore"):     # C = 0: all rows ignored
+            smooth = np.sum(-logp, axis=-1) / n_classes           # mean_c(-log p_c)
+            loss = (1 - label_smoothing) * loss + label_smoothing * smooth
+    loss = np.where(ignored, 0.0, loss)
+    if reduction == "none":
+        return loss.reshape(np.shape(target))
+    if reduction == "sum":
+        return np.sum(loss)
+    with np.errstate(invalid="ignore"):
+        return np.sum(loss) / np.sum(~ignored)           # 0/0 = NaN when all are ignored
+
+
+def cross_entropy_backward(dout, input, target, ignore_index=-100, reduction="mean",
+                           label_smoothing=0.0):
+    """dinput_{i, c} = g_i·(p_{i, c} - (1 - ε)·[c = t_i] - ε/C), zero where t_i is ignored.
+
+    g_i = dout_i ("none"), dout ("sum") or dout / #(targets not ignored) ("mean").
+    Shapes: dout (target's shape or ()) -> dinput of input's shape
+    """
+    x, t = _classes_last(input, target)                  # (M, C), (M,)
+    n_classes = x.shape[-1]
+    ignored = t == ignore_index
+    p = np.exp(_log_softmax_rows(x))                     # softmax (M, C)
+    is_target = np.arange(n_classes) == t[:, None]       # (M, C)
+    if reduction == "none":
+        g = np.reshape(dout, -1)
+    elif reduction == "sum":
+        g = np.full(t.shape, float(dout))
+    else:
+        count = np.sum(~ignored)
+        g = np.full(t.shape, float(dout) / count if count else 0.0)
+    uniform = label_smoothing / n_classes if n_classes else 0.0   # C = 0: every row ignored
+    with np.errstate(invalid="ignore"):
+        drows = g[:, None] * (p - (1 - label_smoothing) * is_target - uniform)
+    drows = np.where(ignored[:, None], 0.0, drows)       # (M, C)
+    if input.ndim <= 2:
+        return drows.reshape(input.shape)
+    moved = (input.shape[0],) + input.shape[2:] + (input.shape[1],)
+    return np.moveaxis(drows.reshape(moved), -1, 1)
+
+
+# ------------------------------------------------------------------------- layer norm
+
+def _layer_norm_axes(x, normalized_shape):
+    k = 1 if np.ndim(normalized_shape) == 0 else len(normalized_shape)
+    return tuple(range(x.ndim - k, x.ndim))
+
+
+def _mean(a, axes):
+    """The mean over ``axes``, keeping them; NaN (quietly) over zero entries."""
+    count = int(np.prod([a.shape[i] for i in axes]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sum(a, axis=axes, keepdims=True) / count
+
+
+def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """y = (x - μ)/√(σ² + eps) ∘ weight + bias; μ, σ² the mean and biased variance over the
+    trailing dims ``normalized_shape``.
+    Shapes: x (..., *normalized_shape) · weight, bias (*normalized_shape) -> x's shape
+    """
+    axes = _layer_norm_axes(x, normalized_shape)
+    mean = _mean(x, axes)
+    var = _mean((x - mean) ** 2, axes)
+    y = (x - mean) / np.sqrt(var + eps)                  # x̂
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def layer_norm_backward(dout, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """dx = (ĝ - mean(ĝ) - x̂ ∘ mean(ĝ ∘ x̂))/√(σ² + eps) with ĝ = dout ∘ weight;
+    dweight = Σ_samples dout ∘ x̂, dbias = Σ_samples dout (None when absent).
+    """
+    axes = _layer_norm_axes(x, normalized_shape)
+    lead = tuple(range(x.ndim - len(axes)))
+    mean = _mean(x, axes)
+    rstd = 1 / np.sqrt(_mean((x - mean) ** 2, axes) + eps)
+    xhat = (x - mean) * rstd
+    ghat = dout if weight is None else dout * weight
+    dx = rstd * (ghat - _mean(ghat, axes) - xhat * _mean(ghat * xhat, axes))
+    dweight = None if weight is None else np.sum(dout * xhat, axis=lead)
+    dbias = None if bias is None else np.sum(dout, axis=lead)
+    return dx, dweight, dbias

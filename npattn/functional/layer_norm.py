@@ -1,0 +1,64 @@
+"""Layer normalisation as ``torch.nn.functional.layer_norm``: each sample is normalised over its
+trailing ``normalized_shape`` dims to mean 0 and (biased) variance 1, then scaled and shifted.
+
+The statistics are two-pass and, like each row's arithmetic, in float64 (``kernels/layer_norm.py``);
+backward recomputes them from ``x`` instead of taking a cache. One deviation from PyTorch: a
+negative ``eps`` is a ValueError (PyTorch accepts it and may return NaN).
+"""
+import math
+
+import numpy as np
+
+from .. import _checks
+from ..kernels.layer_norm import layer_norm_backward_kernel, layer_norm_forward_kernel
+
+
+def _rows(x, shape):
+    width = math.prod(shape)
+    return x.reshape(math.prod(x.shape[:x.ndim - len(shape)]), width)   # (N, D)
+
+
+def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """y = (x - μ)/√(σ² + eps) ∘ weight + bias, with μ and σ² the mean and the biased variance of
+    each sample over the trailing dims ``normalized_shape``.
+
+    Shapes: x (..., *normalized_shape) · weight, bias (*normalized_shape) or None -> y of x's
+    shape and dtype
+
+    A sample of zero entries has an empty result (its mean would be NaN, as in PyTorch).
+    """
+    x, shape, weight, bias, eps = _checks.layer_norm_args(x, normalized_shape, weight, bias, eps)
+    rows = _rows(x, shape)                                    # (N, D)
+    w = np.ones(rows.shape[1], x.dtype) if weight is None else weight.reshape(-1)   # (D,)
+    b = np.zeros(rows.shape[1], x.dtype) if bias is None else bias.reshape(-1)      # (D,)
+    out = np.empty_like(rows)                                 # (N, D)
+    layer_norm_forward_kernel(rows, w, b, eps, out)
+    return out.reshape(x.shape)
+
+
+def layer_norm_backward(dout, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Gradients of ``layer_norm_forward``: ``(dx, dweight, dbias)``, None for an absent weight
+    or bias. With x̂ = (x - μ)·rstd, rstd = 1/√(σ² + eps) and ĝ = dout ∘ weight, per sample:
+
+    dx = rstd·(ĝ - mean(ĝ) - x̂ ∘ mean(ĝ ∘ x̂)),  dweight = Σ_samples dout ∘ x̂,
+    dbias = Σ_samples dout
+
+    Shapes: dout, x (..., *normalized_shape) -> dx of x's shape, dweight and dbias
+    (*normalized_shape)
+
+    dweight and dbias are summed in float64 in an order fixed by the number of samples alone.
+    """
+    dout, x, shape, weight, bias, eps = _checks.layer_norm_backward_args(
+        dout, x, normalized_shape, weight, bias, eps)
+    rows = _rows(x, shape)                                    # (N, D)
+    w = np.ones(rows.shape[1], x.dtype) if weight is None else weight.reshape(-1)   # (D,)
+    dx = np.empty_like(rows)                                  # (N, D)
+    dweight = np.empty(rows.shape[1], x.dtype)                # (D,)
+    dbias = np.empty(rows.shape[1], x.dtype)                  # (D,)
+    layer_norm_backward_kernel(dout.reshape(rows.shape), rows, w, eps, dx, dweight, dbias)
+    return (dx.reshape(x.shape),
+            None if weight is None else dweight.reshape(shape),
+            None if bias is None else dbias.reshape(shape))
+
+
+layer_norm = layer_norm_forward

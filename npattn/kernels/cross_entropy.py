@@ -1,0 +1,101 @@
+"""Cross-entropy with class-index targets: log-softmax and the negative log-likelihood fused,
+one row at a time, never materialising the log-probabilities.
+Dims: N rows (every position: the batch and any extra dims flattened), C classes.
+
+For a row x with target t and label smoothing ε (m = max_c x_c, s = Σ_c exp(x_c - m)):
+
+    log p_c = (x_c - m) - log s
+    loss    = -log p_t                                           (ε = 0)
+            = (1 - ε)·(-log p_t) + ε/C · Σ_c (-log p_c)          (ε > 0, PyTorch's formula)
+    dloss/dx_c = p_c - (1 - ε)·[c = t] - ε/C
+
+Accumulator: float64 for both dtypes -- the shifted logits, Σ exp, the log, Σ (x - m) for label
+smoothing, each row's loss and the sum over rows; results are rounded to the input dtype once.
+Every exp is of a number <= 0 (``kernels/exp.py``), so logits up to ±1e30 are fine; a -inf logit
+has p = 0 (and makes a smoothed loss inf, as in PyTorch); a row whose every logit is -inf, or
+with a NaN or +inf, gives NaN -- PyTorch's log_softmax does the same.
+
+Targets: target[n] in [0, C) is a class; anything else is ignored (loss 0, gradient 0, the row
+never read). The functional layer maps ``ignore_index`` to -1 and rejects other values first.
+"""
+import numpy as np
+from numba import prange
+
+from .._jit import kernel, parallel_kernel
+from .exp import exp_nonpositive
+from .softmax import LANES, row_max
+
+ROWS = 16  # rows per parallel work item: the scratch is allocated once per item
+
+
+@kernel
+def row_exp_sum(row, lanes, shifted, e, bits):
+    # For one row (C,): shifted[c] = x_c - m in float64 and e[c] = exp(shifted[c]); returns
+    # (s, Σ_c shifted[c]) with s = Σ_c e[c]. Scratch: lanes (LANES,) of the row's dtype;
+    # shifted, e (C,) float64; bits (C,) int64
+    m = np.float64(row_max(row, lanes))        # NaN ignored here; it makes s NaN below
+    for c in range(row.shape[0]):
+        shifted[c] = np.float64(row[c]) - m    # all -inf: -inf - -inf = NaN, as PyTorch
+    exp_nonpositive(shifted, e, bits)
+    s = 0.0
+    total = 0.0
+    for c in range(row.shape[0]):
+        s += e[c]
+        total += shifted[c]
+    return s, total
+
+
+@parallel_kernel
+def cross_entropy_forward_kernel(x, target, smoothing, loss):
+    # x (N, C), target (N,) int64, smoothing ε float64 -> loss (N,) float64, 0 where ignored
+    n_rows, n_cols = x.shape
+    for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS entries of loss
+        lanes = np.empty(LANES, x.dtype)
+        shifted = np.empty(n_cols, np.float64)
+        e = np.empty(n_cols, np.float64)
+        bits = np.empty(n_cols, np.int64)
+        for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
+            t = target[n]
+            if t < 0 or t >= n_cols:
+                loss[n] = 0.0
+                continue
+            s, total = row_exp_sum(x[n], lanes, shifted, e, bits)
+            log_s = np.log(s)
+            nll = log_s - shifted[t]           # -log p_t
+            if smoothing > 0:                  # Σ_c -log p_c = C·log s - Σ_c (x_c - m)
+                loss[n] = (1.0 - smoothing) * nll + smoothing / n_cols * (n_cols * log_s - total)
+            else:                              # (no 0·inf = NaN from a -inf logit elsewhere)
+                loss[n] = nll
+
+
+@kernel
+def ordered_sum(values):
+    # Σ_n values[n] in float64, one thread, a fixed order
+    total = 0.0
+    for n in range(values.shape[0]):
+        total += values[n]
+    return total
+
+
+@parallel_kernel
+def cross_entropy_backward_kernel(grad, x, target, smoothing, dx):
+    # forward was: loss[n] = (1 - ε)·(log s - (x[n, t] - m)) + ε/C·Σ_c (log s - (x[n, c] - m))
+    # grad (N,) float64: d(result)/d(loss[n]) -> dx (N, C): grad[n]·(p_c - (1-ε)[c = t] - ε/C)
+    n_rows, n_cols = x.shape
+    for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS rows of dx
+        lanes = np.empty(LANES, x.dtype)
+        shifted = np.empty(n_cols, np.float64)
+        e = np.empty(n_cols, np.float64)
+        bits = np.empty(n_cols, np.int64)
+        for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
+            t = target[n]
+            if t < 0 or t >= n_cols:
+                for c in range(n_cols):
+                    dx[n, c] = 0
+                continue
+            s, _ = row_exp_sum(x[n], lanes, shifted, e, bits)
+            g = grad[n]
+            uniform = smoothing / n_cols
+            for c in range(n_cols):
+                dx[n, c] = g * (e[c] / s - uniform)
+            dx[n, t] = g * (e[t] / s - uniform - (1.0 - smoothing))

@@ -1,0 +1,103 @@
+"""Layer normalisation over the last axis of rows, forward and backward.
+Dims: N rows (the leading dims flattened), D entries per row (normalized_shape flattened).
+
+    μ = Σ_k x_k / D,   σ² = Σ_k (x_k - μ)² / D,   rstd = 1/√(σ² + eps),   x̂ = (x - μ)·rstd
+    y = x̂ ∘ w + b
+    dx = rstd·(ĝ - mean(ĝ) - x̂ ∘ mean(ĝ ∘ x̂)) with ĝ = dout ∘ w,
+    dw = Σ_rows dout ∘ x̂,   db = Σ_rows dout
+
+Accumulator: float64 for both dtypes. The statistics are two-pass (the mean, then the squared
+deviations from it -- no E[x²] - E[x]² cancellation), each row is computed in float64 and
+rounded to the input dtype once, at the store.
+
+dw and db are reduced deterministically: the rows are cut into blocks whose size depends only
+on N (``row_blocks``); each block's partial sums are one ``prange`` iteration's, over its rows
+in order, and the blocks' partials are then summed in block order, one column per owner. The
+bits therefore do not depend on the thread count.
+"""
+import numpy as np
+from numba import prange
+
+from .._jit import kernel, parallel_kernel
+
+MIN_ROWS = 16     # rows per block at least: a block is one parallel work item
+MAX_BLOCKS = 256  # blocks at most: the partial sums of backward take (blocks, D) float64 each
+COLS = 256        # columns per work item when the partials are summed
+
+
+@kernel
+def row_blocks(n_rows):
+    # (rows per block, number of blocks): a function of N alone, never of the thread count
+    size = max(MIN_ROWS, (n_rows + MAX_BLOCKS - 1) // MAX_BLOCKS)
+    return size, (n_rows + size - 1) // size
+
+
+@kernel
+def row_stats(row, eps):
+    # (μ, rstd) of one row (D,), two-pass in float64; D = 0 gives NaN (a mean of nothing)
+    n = row.shape[0]
+    total = 0.0
+    for k in range(n):
+        total += np.float64(row[k])
+    mean = total / n
+    total = 0.0
+    for k in range(n):
+        d = np.float64(row[k]) - mean
+        total += d * d
+    return mean, 1.0 / np.sqrt(total / n + eps)
+
+
+@parallel_kernel
+def layer_norm_forward_kernel(x, weight, bias, eps, out):
+    # x (N, D), weight (D,), bias (D,) -> out (N, D): out = (x - μ)·rstd ∘ weight + bias per row
+    n_rows, width = x.shape
+    size, n_blocks = row_blocks(n_rows)
+    for blk in prange(n_blocks):                 # each iteration owns `size` rows of out
+        for n in range(blk * size, min(blk * size + size, n_rows)):
+            row = x[n]
+            mean, rstd = row_stats(row, eps)
+            for k in range(width):
+                xhat = (np.float64(row[k]) - mean) * rstd
+                out[n, k] = xhat * np.float64(weight[k]) + np.float64(bias[k])
+
+
+@parallel_kernel
+def layer_norm_backward_kernel(dout, x, weight, eps, dx, dweight, dbias):
+    # forward was: out[n, k] = (x[n, k] - μ_n)·rstd_n·weight[k] + bias[k]
+    # dout, x (N, D), weight (D,) -> dx (N, D), dweight (D,), dbias (D,)
+    n_rows, width = x.shape
+    size, n_blocks = row_blocks(n_rows)
+    part_w = np.empty((n_blocks, width), np.float64)   # Σ dout ∘ x̂ over each block's rows
+    part_b = np.empty((n_blocks, width), np.float64)   # Σ dout over each block's rows
+    for blk in prange(n_blocks):                 # each iteration owns `size` rows of dx and
+        xhat = np.empty(width, np.float64)       # one row of each partial
+        ghat = np.empty(width, np.float64)       # dout ∘ weight
+        pw = part_w[blk]
+        pb = part_b[blk]
+        pw[:] = 0.0
+        pb[:] = 0.0
+        for n in range(blk * size, min(blk * size + size, n_rows)):
+            mean, rstd = row_stats(x[n], eps)
+            sum_g = 0.0                          # Σ_k ĝ_k
+            sum_gx = 0.0                         # Σ_k ĝ_k·x̂_k
+            for k in range(width):
+                d = np.float64(dout[n, k])
+                xhat[k] = (np.float64(x[n, k]) - mean) * rstd
+                ghat[k] = d * np.float64(weight[k])
+                sum_g += ghat[k]
+                sum_gx += ghat[k] * xhat[k]
+                pw[k] += d * xhat[k]
+                pb[k] += d
+            mean_g = sum_g / width
+            mean_gx = sum_gx / width
+            for k in range(width):
+                dx[n, k] = rstd * (ghat[k] - mean_g - xhat[k] * mean_gx)
+    for blk in prange((width + COLS - 1) // COLS):   # each iteration owns COLS columns
+        for k in range(blk * COLS, min(blk * COLS + COLS, width)):
+            acc_w = 0.0
+            acc_b = 0.0
+            for b in range(n_blocks):            # in block order: the same bits at any count
+                acc_w += part_w[b, k]
+                acc_b += part_b[b, k]
+            dweight[k] = acc_w
+            dbias[k] = acc_b
