@@ -47,6 +47,8 @@ from collections import namedtuple
 
 import numpy as np
 
+DOUT_STREAM = 0x6772616463686B  # 'gradchk': keeps dout apart from the caller's draws
+
 #: The worst element of a check: which input (an index into ``inputs``, or a parameter's
 #: dotted name), which element (a tuple index), both gradients there and its error ratio.
 Mismatch = namedtuple("Mismatch", "input index analytic numeric error")
@@ -169,7 +171,9 @@ def _reference_output(run, what):
 
 def _dout(dout, shape, seed):
     if dout is None:
-        return np.random.default_rng(seed).standard_normal(shape)     # output's shape
+        # a stream of its own: from default_rng(seed) alone, dout would equal a test input
+        # drawn with the same seed, and a symmetric gradient would hide a transposed one
+        return np.random.default_rng([seed, DOUT_STREAM]).standard_normal(shape)  # output's shape
     dout = np.array(dout, dtype=np.float64)
     if dout.shape != shape:
         raise ValueError(f"dout must have the shape of forward's output {shape}; got {dout.shape}")
@@ -271,7 +275,7 @@ def gradcheck(forward, backward, inputs, *, dout=None, eps=1e-6, atol=1e-5, rtol
             integer and bool arrays, Python scalars, None -- is passed unchanged and not
             perturbed. Bind hyperparameters with a lambda rather than passing them as inputs.
         dout: the output gradient; default: standard normal from
-            ``np.random.default_rng(seed)``, of y's shape.
+            ``np.random.default_rng([seed, DOUT_STREAM])``, of y's shape.
         eps: the finite-difference step (added to and subtracted from each element).
         atol, rtol: an element passes when ``|analytic - numeric| <= atol + rtol·|numeric|``.
         raise_exception: raise :class:`GradcheckError` (an ``AssertionError``) with the report

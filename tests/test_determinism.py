@@ -43,6 +43,19 @@ for dtype in (np.float32, np.float64):
     outs += [o, lse, *npattn.scaled_dot_product_attention_backward(o, q, k, v, o, lse,
                                                                    mask_grad=True, **kw)]
     outs += list(npattn.attention(q[0, :2], k[0], v[0], is_causal=True))
+    # embedding's scatter-add with many repeats, cross-entropy and layer norm over many rows
+    table = rng.standard_normal((50, 33)).astype(dtype)
+    idx = rng.integers(0, 50, (40, 70))
+    e = npattn.embedding(idx, table, padding_idx=3)
+    outs += [e, npattn.embedding_backward(e, idx, table, padding_idx=3)]
+    logits = rng.standard_normal((700, 31)).astype(dtype)
+    labels = rng.integers(-1, 31, 700)
+    ce_kw = dict(ignore_index=-1, label_smoothing=0.1)
+    outs += [npattn.cross_entropy(logits, labels, **ce_kw),
+             npattn.cross_entropy_backward(np.ones((), dtype), logits, labels, **ce_kw)]
+    gamma, beta = rng.standard_normal((2, 129)).astype(dtype)
+    ln = npattn.layer_norm(x, 129, gamma, beta)
+    outs += [ln, *npattn.layer_norm_backward(ln, x, 129, gamma, beta)]
     for o in outs:
         digest.update(np.ascontiguousarray(o).tobytes())
 print(digest.hexdigest())

@@ -68,6 +68,9 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}.__init__ must call Module.__init__() "
                                  f"before setting {name!r}")
+        if name in self._buffers and isinstance(value, np.ndarray):
+            object.__setattr__(self, name, value)       # a new array for a buffer: still one
+            return
         for table in (self._parameters, self._buffers, self._modules):
             table.pop(name, None)
         if isinstance(value, Parameter):
@@ -157,6 +160,7 @@ class Module:
         if strict and (missing or unexpected):
             raise ValueError(f"state_dict does not match {type(self).__name__}: missing keys "
                              f"{missing}, unexpected keys {unexpected}")
+        copies = []                                     # every check passes before any copy
         for key, value in state_dict.items():
             if key in targets:
                 current = targets[key].data
@@ -170,6 +174,8 @@ class Module:
                                  f"got {value.shape}")
             if not (np.issubdtype(value.dtype, np.floating) or value.dtype == current.dtype):
                 raise TypeError(f"state_dict[{key!r}] must be a float array; got {value.dtype}")
+            copies.append((current, value))
+        for current, value in copies:
             current[...] = value
         return missing, unexpected
 
