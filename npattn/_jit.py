@@ -4,6 +4,9 @@ Options
 -------
 ``cache=True``           compiled kernels are written to disk (next to the module, or to the
                          user cache directory when the install is read-only) and reloaded.
+                         Where neither directory is writable, Numba would raise at import
+                         ("no locator available"); npattn compiles without the disk cache
+                         there instead (see :func:`_jit`): slower first calls, same results.
 ``nogil=True``           a kernel releases the GIL: other Python threads run meanwhile.
 ``error_model="numpy"``  division by zero gives inf/NaN as in NumPy instead of raising.
 ``fastmath=FASTMATH``    only ``contract`` (fused multiply-add) and ``reassoc`` (LLVM may
@@ -57,13 +60,38 @@ if "NUMBA_SLP_VECTORIZE" not in os.environ:
 FASTMATH = {"contract", "reassoc"}
 OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 
+
+def _jit(options):
+    """``njit(**options)`` as a decorator, except that a function no cache directory can hold
+    compiles without the disk cache instead of failing.
+
+    Numba looks for a writable directory when the decorator runs (at import): ``__pycache__``
+    next to the module, then the user cache directory (``~/.cache/numba``); with neither (a
+    read-only install run by a user without a writable home) ``njit(cache=True)`` raises
+    RuntimeError and the import fails. Here the dispatcher is built without the cache and the
+    cache enabled afterwards as Numba's decorator does (``enable_caching``), where it can be.
+    """
+    options = dict(options)
+    cache = options.pop("cache", False)
+
+    def decorate(func):
+        dispatcher = njit(**options)(func)
+        if cache and hasattr(dispatcher, "enable_caching"):   # (not under NUMBA_DISABLE_JIT)
+            try:
+                dispatcher.enable_caching()
+            except RuntimeError:      # no locator: no writable cache directory for this file
+                pass                  # the dispatcher keeps its NullCache: compiled per process
+        return dispatcher
+    return decorate
+
+
 #: A serial kernel; may also be called from other kernels.
-kernel = njit(**OPTIONS)
+kernel = _jit(OPTIONS)
 
 #: Fused multiply-add and nothing else, for kernels whose order of operations is the point:
 #: the GEMM micro-kernel (with ``reassoc`` LLVM rewrites its k loop into gather-reductions and
 #: it runs several times slower, NUMBA_NOTES.md) and the polynomial of ``kernels/exp.py``.
-fma_kernel = njit(**{**OPTIONS, "fastmath": {"contract"}})
+fma_kernel = _jit({**OPTIONS, "fastmath": {"contract"}})
 
 _launch_lock = threading.Lock()
 _layer_is_concurrent = None  # None until the first parallel launch tells us the layer
@@ -121,7 +149,7 @@ class ThreadSafeKernel:
 
 def parallel_kernel(func):
     """A ``prange`` kernel, compiled lazily on its first call and safe to call from any thread."""
-    return ThreadSafeKernel(njit(parallel=True, **OPTIONS)(func))
+    return ThreadSafeKernel(_jit({**OPTIONS, "parallel": True})(func))
 
 
 def threading_layer():
