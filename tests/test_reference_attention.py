@@ -124,10 +124,12 @@ def test_causal_matches_torch_is_causal(torch):
 @given(case=tiny_cases(dropout=False))
 def test_forward_matches_torch_sdpa(torch, case):
     """Every option but bottom-right goes to PyTorch as is (causal + mask as one mask: PyTorch
-    refuses both); bottom-right becomes an explicit mask."""
+    refuses both); bottom-right becomes an explicit mask, and so does causal with a scale <= 0
+    (PyTorch scales its causal bias there: 0·-inf gives NaN)."""
     q, k, v, dout, kw = case
     mask = kw["attn_mask"]
-    explicit = kw["is_causal"] and (mask is not None or kw["causal_alignment"] == "bottom-right")
+    explicit = kw["is_causal"] and (mask is not None or kw["causal_alignment"] == "bottom-right"
+                                    or (kw["scale"] is not None and kw["scale"] <= 0))
     if explicit:
         causal = causal_mask(q.shape[-2], k.shape[-2], kw["causal_alignment"])
         if mask is None:
