@@ -26,6 +26,7 @@ from closeness import assert_close, tolerance
 from npattn import dropout_mask, nn, reference
 from npattn.gradcheck import gradcheck_module
 from strategies import dtypes, lay_out, layouts, make_values
+from test_nn import Bound  # a module called with fixed keywords and a fixed dropout seed
 
 MASK_KINDS = ("none", "bool", "float")
 #: A weight below float32's smallest normal number may come out as 0: count every weight as at
@@ -468,26 +469,6 @@ def test_eval_mode_turns_dropout_off():
 
 # ------------------------------------------------------------------ gradients by differences
 
-class Bound(nn.Module):
-    """A module called with fixed keyword arguments; with ``dropout_seed``, every forward
-    restarts each inner generator from it, so training-mode dropout is the same on every call
-    (what central differences need)."""
-
-    def __init__(self, inner, dropout_seed=None, **kwargs):
-        super().__init__()
-        self.inner = inner
-        self.kwargs = kwargs
-        self.dropout_seed = dropout_seed
-
-    def forward(self, *inputs):
-        if self.dropout_seed is not None:
-            for _, module in self.inner.named_modules():
-                if "_generator" in module.__dict__:
-                    module._generator = np.random.default_rng(self.dropout_seed)
-        return self.inner(*inputs, **self.kwargs)
-
-    def backward(self, dout):
-        return self.inner.backward(dout)
 
 
 # What PyTorch cannot check: training-mode dropout (another generator) and is_causal without
