@@ -77,10 +77,20 @@ def axis(name, dim, ndim):
     return int(dim) % span
 
 
+def real_float(name, value, what="a real number"):
+    """A real number (not a bool) as a Python float; an int too large for a float (10**400)
+    is a ValueError, not float()'s OverflowError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {what}; got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be {what} that fits in a float; got an int of "
+                         f"{len(str(abs(int(value))))} digits") from None
+
+
 def probability(name, p):
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
-        raise TypeError(f"{name} must be a real number in [0, 1]; got {type(p).__name__}")
-    p = float(p)
+    p = real_float(name, p, "a real number in [0, 1]")
     if not 0.0 <= p <= 1.0:  # also rejects NaN
         raise ValueError(f"{name} must be in [0, 1]; got {p}")
     return p
@@ -103,6 +113,8 @@ def shape_value(name, shape):
             raise TypeError(f"{name} must be a tuple of ints; got {shape!r}")
         if n < 0:
             raise ValueError(f"{name} must not have negative dims; got {shape!r}")
+    if math.prod(int(n) for n in dims) > np.iinfo(np.intp).max:
+        raise ValueError(f"{name} must have fewer than 2**63 elements; got {shape!r}")
     return tuple(int(n) for n in dims)
 
 
@@ -251,9 +263,7 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
                              f"shape {mask.shape}")
         mask = contiguous(mask)
     if scale is not None:
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
-        scale = float(scale)
+        scale = real_float("scale", scale, "a real number or None")
     dropout_p = probability("dropout_p", dropout_p)
     if seed is None:
         if dropout_p > 0:
@@ -365,7 +375,10 @@ def cross_entropy_args(input, target, ignore_index, reduction, label_smoothing):
     input = float_array("input", input)
     min_ndim("input", input, 1, "(C,), (N, C) or (N, C, d1, ...)")
     if target is not None:
-        arr = np.asarray(target)
+        try:
+            arr = np.asarray(target)
+        except (ValueError, TypeError):              # ragged: index_array names it below
+            arr = np.asarray(None)
         if np.issubdtype(arr.dtype, np.floating):
             raise TypeError(f"target must hold class indices (an integer array): class "
                             f"probabilities are not supported; got dtype {arr.dtype}")
@@ -438,9 +451,7 @@ def layer_norm_args(x, normalized_shape, weight, bias, eps):
         bias = float_array("bias", bias)
         same_dtype("bias", bias, "x", x)
         exact_shape("bias", bias, shape, "(normalized_shape)")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number >= 0; got {type(eps).__name__}")
-    eps = float(eps)
+    eps = real_float("eps", eps, "a real number >= 0")
     if not (0.0 <= eps < math.inf):                  # also rejects NaN
         raise ValueError(f"eps must be a finite real number >= 0; got {eps}")
     x, weight, bias = contiguous(x, weight, bias)

@@ -43,6 +43,8 @@ This module imports NumPy only; modules are duck-typed (``to``, ``zero_grad``,
 ``named_parameters``, ``backward``, and calling the module runs its forward).
 """
 import copy
+import math
+import numbers
 from collections import namedtuple
 
 import numpy as np
@@ -174,7 +176,11 @@ def _dout(dout, shape, seed):
         # a stream of its own: from default_rng(seed) alone, dout would equal a test input
         # drawn with the same seed, and a symmetric gradient would hide a transposed one
         return np.random.default_rng([seed, DOUT_STREAM]).standard_normal(shape)  # output's shape
-    dout = np.array(dout, dtype=np.float64)
+    try:
+        dout = np.array(dout, dtype=np.float64)
+    except (ValueError, TypeError) as exc:                            # strings, ragged lists
+        raise TypeError(f"dout must be a float array of forward's output shape {shape}; got "
+                        f"{type(dout).__name__} that NumPy cannot convert ({exc})") from None
     if dout.shape != shape:
         raise ValueError(f"dout must have the shape of forward's output {shape}; got {dout.shape}")
     return dout
@@ -212,11 +218,20 @@ def _compare(key, analytic, numeric, atol, rtol):
                            float(numeric[index]), error)
 
 
-def _check_tolerances(eps, atol, rtol):
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0; got {eps}")
-    if not (atol >= 0 and rtol >= 0):
-        raise ValueError(f"atol and rtol must be >= 0; got atol={atol}, rtol={rtol}")
+def _check_options(eps, atol, rtol, seed):
+    """The keyword arguments both checks share: real eps > 0, atol, rtol >= 0, an int seed."""
+    for name, value in (("eps", eps), ("atol", atol), ("rtol", rtol)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+    if not 0 < eps < math.inf:                                        # also rejects NaN
+        raise ValueError(f"eps must be > 0 and finite; got {eps}")
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if not value >= 0:
+            raise ValueError(f"{name} must be >= 0; got {value}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int >= 0; got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be an int >= 0; got {seed}")
 
 
 class _Checker:
@@ -229,11 +244,16 @@ class _Checker:
 
     def check(self, key, analytic, target, objective, what):
         """Compare ``analytic`` with central differences of ``objective`` over ``target``."""
-        analytic = np.asarray(analytic)
+        try:
+            analytic = np.asarray(analytic)
+        except (ValueError, TypeError) as exc:                    # ragged lists and the like
+            raise TypeError(f"{what} for {_label(key)} must be a float array; got "
+                            f"{type(analytic).__name__} that NumPy cannot convert "
+                            f"({exc})") from None
         if not (np.issubdtype(analytic.dtype, np.floating)
                 or np.issubdtype(analytic.dtype, np.integer)):
-            raise TypeError(f"the gradient of {_label(key)} must be a float array; "
-                            f"got dtype {analytic.dtype}")
+            raise TypeError(f"{what} for {_label(key)} must be a float array; got dtype "
+                            f"{analytic.dtype}")
         if analytic.shape != target.shape:
             self.problems.append(f"{what} for {_label(key)} has shape {analytic.shape}; "
                                  f"expected {target.shape}, the shape of {_label(key)}")
@@ -289,7 +309,10 @@ def gradcheck(forward, backward, inputs, *, dout=None, eps=1e-6, atol=1e-5, rtol
     >>> gradcheck(np.tanh, lambda dout, x: dout * (1 - np.tanh(x) ** 2), (np.zeros(3),)).ok
     True
     """
-    _check_tolerances(eps, atol, rtol)
+    _check_options(eps, atol, rtol, seed)
+    for name, fn in (("forward", forward), ("backward", backward)):
+        if not callable(fn):
+            raise TypeError(f"{name} must be callable; got {type(fn).__name__}")
     args = _prepare(inputs)
     out, notes = _reference_output(lambda: forward(*args), "forward")
     dout = _dout(dout, out.shape, seed)
@@ -355,7 +378,15 @@ def gradcheck_module(module, inputs, *, output=None, dout=None, eps=1e-6, atol=1
 
     Returns a :class:`GradcheckReport` whose ``errors`` has input indices and parameter names.
     """
-    _check_tolerances(eps, atol, rtol)
+    _check_options(eps, atol, rtol, seed)
+    missing = [m for m in ("to", "zero_grad", "named_parameters", "backward", "__call__")
+               if not callable(getattr(module, m, None))]
+    if missing:
+        raise TypeError(f"module must be an npattn.nn.Module (or have its methods); got "
+                        f"{type(module).__name__} without {', '.join(missing)}")
+    if output is not None and not callable(output):
+        raise TypeError(f"output must be a callable that picks the array to check, or None; "
+                        f"got {type(output).__name__}")
     model = copy.deepcopy(module)
     model = model.to(np.float64) or model
     select = _default_output if output is None else output

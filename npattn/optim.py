@@ -38,10 +38,14 @@ from .nn.module import Parameter
 # ------------------------------------------------------------------ argument checks
 
 def _real(name, value, where):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{where}{name} must be a real number; got {type(value).__name__} "
                         f"{value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:                                 # an int beyond float's range
+        raise ValueError(f"{where}{name} must be a real number that fits in a float; got an "
+                         f"int of {len(str(abs(int(value))))} digits") from None
 
 
 def _at_least_zero(name, value, what, where):
@@ -77,6 +81,9 @@ class Optimizer:
         self.defaults = self._check_group(dict(defaults), "")
         self.state = {}                                   # Parameter -> {name: array or float}
         self.param_groups = []
+        if isinstance(params, (set, frozenset)):
+            raise TypeError("params must be an ordered collection (a list), not a set: a "
+                            "set's order changes between runs")
         if isinstance(params, (Parameter, np.ndarray, dict)):
             raise TypeError("params must be an iterable of Parameters or of dicts (parameter "
                             f"groups); got a single {type(params).__name__}")
@@ -118,7 +125,8 @@ class Optimizer:
             raise ValueError(f"{where}params holds the same Parameter more than once")
         taken = {id(p) for group in self.param_groups for p in group["params"]}
         if any(id(p) in taken for p in params):
-            raise ValueError("some parameters appear in more than one parameter group")
+            raise ValueError(f"{where}params holds a Parameter that would be in more than one "
+                             "parameter group (an earlier group holds it)")
         group = dict(self.defaults)
         group.update((k, v) for k, v in param_group.items() if k != "params")
         group = self._check_group(group, where)
@@ -140,6 +148,9 @@ class Optimizer:
         ``closure`` (optional) re-evaluates the model and returns the loss, as in PyTorch; it
         runs before the update. A parameter whose ``grad`` is None is skipped, as in PyTorch.
         """
+        if closure is not None and not callable(closure):
+            raise TypeError(f"closure must be a callable that returns the loss, or None; got "
+                            f"{type(closure).__name__}")
         loss = None if closure is None else closure()
         for group in self.param_groups:
             self._update(group)
@@ -151,7 +162,12 @@ class Optimizer:
         grad = param.grad
         if grad is None:
             return None
-        grad = np.asarray(grad)
+        try:
+            grad = np.asarray(grad)
+        except (ValueError, TypeError) as exc:            # ragged lists and the like
+            raise TypeError(f"a parameter's grad must be an array of its data's dtype "
+                            f"{param.data.dtype}; got {type(param.grad).__name__} that NumPy "
+                            f"cannot convert ({exc})") from None
         if grad.shape != param.data.shape:
             raise ValueError(f"a parameter's grad must have its data's shape {param.data.shape}; "
                              f"got {grad.shape}")
@@ -184,14 +200,14 @@ class Optimizer:
         The groups must hold as many parameters as this optimiser's; options (``lr``...) are
         taken from the saved groups; arrays are cast to each parameter's dtype, shapes must match.
         """
-        saved_groups = state_dict["param_groups"]
+        saved_groups, saved_state = self._check_state_dict(state_dict)
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups; this "
+            raise ValueError(f"state_dict has {len(saved_groups)} parameter groups; this "
                              f"optimizer has {len(self.param_groups)}")
         by_position = {}
         for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
             if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"loaded state dict's param_groups[{i}] has "
+                raise ValueError(f"state_dict's param_groups[{i}] has "
                                  f"{len(saved['params'])} parameters; this optimizer's has "
                                  f"{len(group['params'])}")
             by_position.update(zip(saved["params"], group["params"]))
@@ -203,22 +219,56 @@ class Optimizer:
             options["params"] = group["params"]
             new_groups.append(options)
         new_state = {}
-        for position, entry in state_dict["state"].items():
+        for position, entry in saved_state.items():
             param = by_position.get(position)
             if param is None:
-                raise ValueError(f"loaded state dict has state for parameter {position!r}, "
-                                 "which no parameter group holds")
+                raise ValueError(f"state_dict has state for parameter {position!r}, which no "
+                                 "parameter group holds")
+            if not isinstance(entry, dict):
+                raise TypeError(f"state_dict['state'][{position!r}] must be a dict; got "
+                                f"{type(entry).__name__}")
             new_state[param] = {key: self._load_value(key, value, param)
                                 for key, value in entry.items()}
         self.param_groups, self.state = new_groups, new_state
+
+    @staticmethod
+    def _check_state_dict(state_dict):
+        """``(param_groups, state)`` of a state dict, their structure checked."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise TypeError(f"state_dict must be a dict with keys 'state' and 'param_groups' "
+                            f"(what state_dict() returns); got {type(state_dict).__name__}"
+                            + (f" with keys {sorted(map(str, state_dict))}"
+                               if isinstance(state_dict, dict) else ""))
+        groups, state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(groups, (list, tuple)):
+            raise TypeError(f"state_dict['param_groups'] must be a list of dicts; got "
+                            f"{type(groups).__name__}")
+        for i, group in enumerate(groups):
+            if not isinstance(group, dict) or "params" not in group:
+                raise TypeError(f"state_dict['param_groups'][{i}] must be a dict with a "
+                                f"'params' list; got {group!r}")
+            if not isinstance(group["params"], (list, tuple)):
+                raise TypeError(f"state_dict['param_groups'][{i}]['params'] must be a list of "
+                                f"positions; got {type(group['params']).__name__}")
+        if not isinstance(state, dict):
+            raise TypeError(f"state_dict['state'] must be a dict; got {type(state).__name__}")
+        return groups, state
 
     @staticmethod
     def _load_value(key, value, param):
         if value is None:
             return None
         if key == "step":
-            return float(np.asarray(value))
-        array = np.array(value, dtype=param.data.dtype, order="C")
+            try:
+                return float(np.asarray(value))
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise TypeError(f"state 'step' must be a number; got {value!r} ({exc})") from None
+        try:
+            array = np.array(value, dtype=param.data.dtype, order="C")
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"state {key!r} must be an array of the parameter's shape "
+                            f"{param.data.shape}; got {type(value).__name__} that NumPy cannot "
+                            f"convert ({exc})") from None
         if array.shape != param.data.shape:
             raise ValueError(f"state {key!r} must have the parameter's shape {param.data.shape}; "
                              f"got {array.shape}")

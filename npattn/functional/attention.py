@@ -25,6 +25,30 @@ Rules, as PyTorch's ``scaled_dot_product_attention`` (2.5+):
   seed)`` (B: the broadcast batch dims flattened) and scales the kept ones by 1/(1-p). The
   mask depends only on the seed, which is required when dropout_p > 0: backward regenerates
   the mask from it. Softmax's gradient uses the probabilities before dropout.
+
+Edge cases (tests/test_numerics_edges.py), in float32 and float64:
+
+* scores of ±1e30 (a float mask of ±1e30, or a huge q·k): the running row max is subtracted
+  before every exp, so output, logsumexp and gradients are the reference's. Where |logsumexp|
+  is so large that rounding m + log l to it loses digits of log l (beyond 512: tied maxima
+  at 1e30, or a padding row masked with -1e9 the Annotated Transformer's way), backward and
+  ``attention``'s weights renormalise that row by l·exp(m - logsumexp) from forward's row max
+  m and sum l (``scaled_dot_product_attention_backward`` runs the forward again for them);
+* a fully masked row: output 0, logsumexp -inf, weights 0, zero gradients (above);
+* one visible key j: weights exactly one-hot, output exactly value[j]; the gradients through
+  the softmax (that row's dq and dmask) are 0 up to rounding: D = rowsum(dout ∘ out) and
+  dout·value[j] are one sum taken in two orders;
+* NaN in query row i reaches output row i (and its logsumexp) only. NaN in key j reaches
+  exactly the rows that see key j: a bool mask's False or the causal mask hides it, a float
+  mask's -inf does not (NaN + -inf = NaN). NaN in value j reaches the rows that see key j, in
+  that column, and may reach other rows of the head (a masked weight is an exact 0, and
+  0·NaN = NaN, as in PyTorch's math path) -- never a fully masked row, which stays 0;
+* denormal inputs are ordinary small numbers; float32 probabilities below 1.2e-38 are 0
+  (the float32 exp of kernels/exp.py returns no subnormals);
+* the accumulators are the input dtype, and forward sums exp(s_j - m)·value[j] before
+  dividing by l: where that sum exceeds the dtype's max -- float32 values of 1e37 over 35 or
+  more keys of equal score -- the output is inf although the average is finite (use float64,
+  or scale the values down). Backward's dout·valueᵀ and D are float32 sums likewise.
 """
 import math
 
@@ -38,6 +62,14 @@ from ..kernels.random import keep_threshold, kept_scale, stream_key
 
 NO_BOOL = np.ones((1, 1, 1), np.bool_)      # the unused mask argument: one plane, never read
 NO_FLOAT = {np.dtype(t): np.zeros((1, 1, 1), t) for t in (np.float32, np.float64)}
+#: |logsumexp| beyond which its rounding -- up to 256 ulps at 512 -- would be a visible
+#: relative error in every probability backward rebuilds as exp(s - lse). Such rows get their
+#: normaliser Σ_j exp(s_j - lse) = l·exp(m - lse) from forward's row max m and row sum l (see
+#: _normalisers); at ±1e30, or a float mask of -1e9 in float32, lse has lost log l entirely
+#: and the normaliser is the number of tied keys. Rows this far out are rare: scores of
+#: ordinary attention are far smaller, so the rerun in scaled_dot_product_attention_backward
+#: costs nothing in the common case.
+LSE_EXACT = {np.dtype(t): 512.0 for t in (np.float32, np.float64)}
 
 
 def _stack(x, batch, lead_ndim):
@@ -82,19 +114,41 @@ def _prepare(args):
 
 
 def _run_forward(run, store_weights):
-    """out (B, H, L, Ev), lse (B, H, L) and weights (B, H, L, S) or None, from the engine."""
+    """out (B, H, L, Ev), lse (B, H, L), weights (B, H, L, S) or None, and the softmax's row
+    max and row sum (B, H, L) each (lse = max + log sum), from the engine."""
     q, k, v = run["q"], run["k"], run["v"]
     n_batch, heads, n_rows = run["n_batch"], q.shape[1], q.shape[2]
     out = np.empty((n_batch, heads, n_rows, v.shape[3]), q.dtype)
     lse = np.empty((n_batch, heads, n_rows), q.dtype)
+    row_max = np.empty_like(lse)                                     # (B, H, L)
+    row_sum = np.empty_like(lse)                                     # (B, H, L)
     weights = (np.empty((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_weights
                else np.empty((1, 1, 1, 1), q.dtype))               # (unused placeholder)
     attention_forward_kernel(q, k, v, run["qi"], run["ki"], run["vi"], run["bmask"],
                              run["fmask"], run["planes"], run["kind"], run["causal"],
                              run["offset"], run["scale"], run["key"], run["threshold"],
-                             run["drop_scale"], out, lse, weights, store_weights,
-                             forward_block_rows(n_batch * heads, n_rows))
-    return out, lse, (weights if store_weights else None)
+                             run["drop_scale"], out, lse, row_max, row_sum, weights,
+                             store_weights, forward_block_rows(n_batch * heads, n_rows))
+    if store_weights:                        # weights = exp(s - lse): renormalise where lse
+        norm = _normalisers(lse, (row_max, row_sum))       # lost log l (exactly 1 elsewhere)
+        far = norm != 1
+        if far.any():
+            weights[far] /= norm[far][:, None]
+    return out, lse, (weights if store_weights else None), (row_max, row_sum)
+
+
+def _normalisers(lse, stats):
+    """Σ_j exp(s_j - lse) per row (B, H, L), in lse's dtype: exactly 1 where |lse| <=
+    LSE_EXACT (backward's exp(s - lse) is then a probability as it stands), else l·exp(m -
+    lse) from forward's row max m and row sum l: ``stats``, or a function that runs the
+    forward for them, called only when such a row exists."""
+    far = np.isfinite(lse) & (np.abs(lse) > LSE_EXACT[lse.dtype])
+    norm = np.ones_like(lse)
+    if far.any():
+        row_max, row_sum = stats() if callable(stats) else stats
+        with np.errstate(all="ignore"):
+            norm[far] = row_sum[far] * np.exp(np.float64(row_max[far]) - lse[far])
+    return norm
 
 
 def _caller_shape(run, tail):
@@ -126,9 +180,10 @@ def _splits(run):
     return max(1, min(n_kb, -(-WORK_ITEMS // max(items, 1))))
 
 
-def _run_backward(run, dout, out, lse, store_ds):
+def _run_backward(run, dout, out, lse, norm, store_ds):
     """dq (B, H, L, E), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, and the
-    gradient of the masked scores (B, H, L, S) when store_ds."""
+    gradient of the masked scores (B, H, L, S) when store_ds. ``norm`` (B, H, L): each row's
+    Σ_j exp(s_j - lse) (_normalisers)."""
     q, k, v = run["q"], run["k"], run["v"]
     n_batch, heads, n_rows = run["n_batch"], q.shape[1], q.shape[2]
     dq_parts = np.zeros((_splits(run), n_batch, heads, n_rows, q.shape[3]), q.dtype)
@@ -136,7 +191,7 @@ def _run_backward(run, dout, out, lse, store_ds):
     dv = np.empty((n_batch,) + v.shape[1:], q.dtype)
     dscores = (np.zeros((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_ds
                else np.empty((1, 1, 1, 1), q.dtype))
-    attention_backward_kernel(q, k, v, dout, out, lse, run["qi"], run["ki"], run["vi"],
+    attention_backward_kernel(q, k, v, dout, out, lse, norm, run["qi"], run["ki"], run["vi"],
                               run["bmask"], run["fmask"], run["planes"], run["kind"],
                               run["causal"], run["offset"], run["scale"], run["key"],
                               run["threshold"], run["drop_scale"], dq_parts, dk, dv, dscores,
@@ -158,7 +213,7 @@ def _gradients(args, run, dq, dk, dv, dscores):
     if dscores is not None:
         mask = args["mask"]
         full = dscores.reshape(batch + dscores.shape[1:])        # (*batch, H, L, S)
-        grads.append(_sum_to(full, mask.shape).reshape(mask.shape))
+        grads.append(np.asarray(_sum_to(full, mask.shape)).reshape(mask.shape))  # 0-d: an array
     return tuple(grads)
 
 
@@ -197,7 +252,7 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
     args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                   enable_gqa, seed, causal_alignment, "attn_mask")
     run = _prepare(args)
-    out, lse, _ = _run_forward(run, store_weights=False)
+    out, lse, _, _ = _run_forward(run, store_weights=False)
     return _shaped(out, run), _shaped(lse, run)
 
 
@@ -234,7 +289,8 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
     run = _prepare(args)
     dout, output, lse = _backward_args(dout, output, logsumexp, args, run, "attn_mask",
                                        mask_grad)
-    return _gradients(args, run, *_run_backward(run, dout, output, lse, mask_grad))
+    norm = _normalisers(lse, lambda: _run_forward(run, store_weights=False)[3])
+    return _gradients(args, run, *_run_backward(run, dout, output, lse, norm, mask_grad))
 
 
 def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_causal=False,
@@ -251,7 +307,7 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
                                   seed, causal_alignment, "mask")
     run = _prepare(args)
-    out, _, weights = _run_forward(run, store_weights=True)
+    out, _, weights, _ = _run_forward(run, store_weights=True)
     return _shaped(out, run), _shaped(weights, run)
 
 
@@ -271,10 +327,11 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
                                   seed, causal_alignment, "mask")
     run = _prepare(args)
-    out, lse, _ = _run_forward(run, store_weights=False)
+    out, lse, _, stats = _run_forward(run, store_weights=False)
     dout, _, _ = _backward_args(dout, _shaped(out, run), _shaped(lse, run), args, run, "mask",
                                 mask_grad)
-    return _gradients(args, run, *_run_backward(run, dout, out, lse, mask_grad))
+    return _gradients(args, run, *_run_backward(run, dout, out, lse, _normalisers(lse, stats),
+                                                mask_grad))
 
 
 attention_forward = attention

@@ -9,6 +9,13 @@ log-softmax of such a row is NaN there too), and reduction="mean" when every tar
 (0/0). One difference: an ignored position is never read, so its gradient is 0 even when its
 logits hold a NaN or are all -inf (PyTorch: NaN there). Only class indices are supported:
 class-probability targets are a TypeError; per-class ``weight`` is not taken.
+
+Edge cases (tests/test_numerics_edges.py): logits of ±1e30, and float32 logits up to float32's
+max (whose float32 sum would overflow), are handled in float64 and give the reference's loss;
+a loss beyond float32's max is inf. A row with one finite logit: loss exactly 0 and gradient
+exactly 0 when the target is that class; loss +inf, gradient -1 at the target and +1 at the
+finite class, when the target's logit is -inf (as PyTorch). Denormal logits give log C. A NaN
+reaches only its own row's loss and gradient (and "mean" or "sum" of them).
 """
 import math
 
@@ -46,13 +53,14 @@ def cross_entropy_forward(input, target, *, ignore_index=-100, reduction="mean",
     rows, flat = _rows(input, target, ignore_index)           # (M, C), (M,)
     loss = np.empty(flat.shape[0], dtype=np.float64)          # (M,)
     cross_entropy_forward_kernel(rows, flat, label_smoothing, loss)
-    if reduction == "none":
-        return loss.astype(input.dtype).reshape(target.shape)  # target's shape
-    total = ordered_sum(loss)
-    if reduction == "mean":
-        count = np.count_nonzero(flat >= 0)
-        total = total / count if count else math.nan
-    return np.array(total, dtype=input.dtype)                 # 0-d
+    with np.errstate(over="ignore"):              # a loss beyond float32's range is inf
+        if reduction == "none":
+            return loss.astype(input.dtype).reshape(target.shape)  # target's shape
+        total = ordered_sum(loss)
+        if reduction == "mean":
+            count = np.count_nonzero(flat >= 0)
+            total = total / count if count else math.nan
+        return np.array(total, dtype=input.dtype)             # 0-d
 
 
 def cross_entropy_backward(dout, input, target, *, ignore_index=-100, reduction="mean",

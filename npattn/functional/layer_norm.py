@@ -4,6 +4,13 @@ trailing ``normalized_shape`` dims to mean 0 and (biased) variance 1, then scale
 The statistics are two-pass and, like each row's arithmetic, in float64 (``kernels/layer_norm.py``);
 backward recomputes them from ``x`` instead of taking a cache. One deviation from PyTorch: a
 negative ``eps`` is a ValueError (PyTorch accepts it and may return NaN).
+
+Edge cases (tests/test_numerics_edges.py): as the statistics are float64, float32 samples up
+to float32's max (whose float32 sum or sum of squares would overflow) and samples of ±1e30
+normalise as in the reference, with finite gradients; a sample of denormals has a variance far
+below eps and gives ≈ (x - μ)/√eps, no NaN. A NaN or ±inf in a sample (inf - mean = NaN) makes
+that sample's output and dx NaN and -- summed over samples -- dweight and dbias; the other
+samples are bitwise untouched. With eps = 0 a constant sample is 0/0: NaN. As PyTorch.
 """
 import math
 

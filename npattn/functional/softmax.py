@@ -4,6 +4,20 @@ One rule differs from PyTorch on purpose: a row whose every entry is -inf (a ful
 gives zeros from softmax, -inf from log_softmax and zero gradients from both backwards, where
 PyTorch gives NaN -- the rule PyTorch's scaled_dot_product_attention follows since 2.5, and the
 one npattn's attention follows too. NaN in the input still propagates to its whole row.
+
+Edge cases (tests/test_numerics_edges.py), in float32 and float64:
+
+* logits of ±1e30, or anything up to the dtype's max: the row max is subtracted first, so
+  every exp is of a number <= 0 -- no overflow, no NaN, the float64 reference's result;
+* a row whose every entry is -inf: softmax 0, log_softmax -inf, both gradients 0 (above);
+* a row with a single finite entry j: softmax exactly one-hot and its gradient exactly 0;
+  log_softmax exactly 0 at j and -inf elsewhere, its gradient dout - onehot·Σ dout (exactly
+  dout at the -inf entries, as PyTorch);
+* a NaN, or a +inf (inf - inf), makes its whole row NaN, forward and backward (through
+  dout too); every other row is bitwise what it would be without it;
+* denormal inputs are ordinary small numbers. float32 results below 1.2e-38 are 0: the
+  float32 exp of kernels/exp.py returns no subnormals (an absolute error < 1.2e-38);
+* float32 log_softmax entries below -3.4e38 (x - max beyond float32's range) are -inf.
 """
 import math
 

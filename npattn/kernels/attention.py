@@ -21,7 +21,9 @@ Backward, for each work item (b, kv head g, split of the key blocks), with the i
 blocks packed once: for every query head of g's group, every block of BQ queries (packed
 once), every key block of the item that the query block can see::
 
-    p  = exp(s - lse)              recomputed, the same s as forward
+    p  = exp(s - lse) / c          recomputed, the same s as forward; c = Σ_j exp(s_j - lse)
+                                   is 1 but where |lse| is so large that m + log l rounded
+                                   to lse loses log l (then c = l·exp(m - lse), from forward)
     w  = p ∘ keep / (1 - dropout_p)  (the weights forward applied to v)
     dp = dout·vᵀ ∘ keep / (1 - dropout_p)
     ds = p ∘ (dp - D),  D = rowsum(dout ∘ out)  (= Σ_j p·dp: FlashAttention-2's shortcut)
@@ -320,9 +322,10 @@ def ones_row(vs, row, n_keys):
 
 @kernel
 def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset, scale,
-                 key, threshold, drop_scale, first, oh, lseh, wh, store_weights):
+                 key, threshold, drop_scale, first, oh, lseh, mh, lh, wh, store_weights):
     # One work item: query rows i0 .. i0 + rows of one head. qh (L, E), kh (S, E), vh (S, Ev)
-    # -> oh (L, Ev), lseh (L,) and, if store_weights, wh (L, S). `first` is the dropout index
+    # -> oh (L, Ev), lseh (L,), the softmax's row max mh and (pre-dropout) row sum lh (L,)
+    # with lse = m + log l, and, if store_weights, wh (L, S). `first` is the dropout index
     # of weight (i, j) = (0, 0) of this head. The scores are computed transposed -- tiles of
     # MR keys × NR queries, kᵀ-strip by q-panel -- so that each tile row is a contiguous row
     # of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the softmax runs across queries.
@@ -381,6 +384,8 @@ def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset
         c = r % NR
         if not dropout:
             l[r] = panel[ones, c]
+        mh[i] = m[r]
+        lh[i] = l[r]
         if l[r] == 0:                                      # every key masked
             orow[:] = zero
             lseh[i] = -np.inf
@@ -418,11 +423,12 @@ def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, d
 
 @parallel_kernel
 def attention_forward_kernel(q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal,
-                             offset, scale, key, threshold, drop_scale, out, lse, weights,
-                             store_weights, block_rows):
+                             offset, scale, key, threshold, drop_scale, out, lse, row_max,
+                             row_sum, weights, store_weights, block_rows):
     # q (Bq, H, L, E) · k (Bk, Hkv, S, E) · v (Bv, Hkv, S, Ev), qi/ki/vi (B,): the stored
     # batch each broadcast batch b reads; bmask/fmask (Nm, Lm, Sm) mask planes, planes (B·H,)
-    # -> out (B, H, L, Ev), lse (B, H, L), and weights (B, H, L, S) if store_weights
+    # -> out (B, H, L, Ev), lse, row_max, row_sum (B, H, L) (lse = row_max + log row_sum),
+    # and weights (B, H, L, S) if store_weights
     n_batch, n_heads, n_rows = lse.shape
     n_keys = k.shape[2]
     group = n_heads // k.shape[1]
@@ -443,20 +449,21 @@ def attention_forward_kernel(q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kin
         forward_rows(q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group], i0,
                      min(block_rows, n_rows - i0), bplane, fplane, mask_kind, causal, offset,
                      scale, key, threshold, drop_scale, bh * n_rows * n_keys, out[b, h],
-                     lse[b, h], weights[wb, wh_], store_weights)
+                     lse[b, h], row_max[b, h], row_sum[b, h], weights[wb, wh_], store_weights)
 
 
 @kernel
 def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
-                   d_r, bplane, fplane, mask_kind, causal, offset, key, threshold, drop_scale,
-                   first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, kept, x, p, bits32, bits,
-                   dsh, store_ds):
+                   inv_r, d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
+                   drop_scale, first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, kept, x, p,
+                   bits32, bits, dsh, store_ds):
     # Every MR×NR tile (MR queries × NR keys) of one (query block, key block) pair: scores and
     # dout·vᵀ by the micro-kernel, then p, w and ds (module docstring). w and ds are stored
     # row by row into key panels (wp, dsp: [(panel·BQ + i)·NR + c], queries i as p -- the B
     # operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds), and ds transposed into query strips (dsq,
-    # for dq += ds·k). lse_r / d_r (rows rounded up to MR): the rows' logsumexp (+inf where a
-    # row is fully masked or padding, so p = 0) and D.
+    # for dq += ds·k). lse_r / inv_r / d_r (rows rounded up to MR): the rows' logsumexp (+inf
+    # where a row is fully masked or padding, so p = 0), the inverse normaliser (1 but where
+    # the logsumexp lost log l to rounding, see pack_query_block) and D; p = exp(s - lse)·inv.
     for s in range(n_strips):
         r0 = s * MR
         for c0 in range(0, n_keys, NR):
@@ -483,8 +490,9 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
             for r in range(MR):
                 drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                 wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
+                inv = inv_r[r0 + r]                                   # (1: the same bits)
                 for c in range(NR):
-                    pv = p[r * NR + c]
+                    pv = p[r * NR + c] * inv
                     dp = tdp[r, c]
                     w = pv
                     if dropout:                                       # dropped: exactly 0
@@ -505,18 +513,18 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
 
 
 @kernel
-def backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt, vt, kp, j0, n_keys, width,
-                  vwidth, n_keys_all, dqh, dkt, dvt, bplane, fplane, mask_kind, causal, offset,
-                  key, threshold, drop_scale, first, dsh, store_ds, wp, dsp, dsq, ts, tdp, kept,
-                  x, p, bits32, bits):
-    # One query block (rows i0 .. i0 + rows, packed: qs, dos, qc, doc; lse_r, d_r) against
-    # one key block (keys j0 .. j0 + n_keys, packed: kt, vt, kp): dkt, dvt (E', BK), (Ev', BK)
-    # accumulate the key block's gradients transposed; dqh (L, E) gets ds·k.
+def backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt, vt, kp, j0, n_keys,
+                  width, vwidth, n_keys_all, dqh, dkt, dvt, bplane, fplane, mask_kind, causal,
+                  offset, key, threshold, drop_scale, first, dsh, store_ds, wp, dsp, dsq, ts, tdp,
+                  kept, x, p, bits32, bits):
+    # One query block (rows i0 .. i0 + rows, packed: qs, dos, qc, doc; lse_r, inv_r, d_r)
+    # against one key block (keys j0 .. j0 + n_keys, packed: kt, vt, kp): dkt, dvt (E', BK),
+    # (Ev', BK) accumulate the key block's gradients transposed; dqh (L, E) gets ds·k.
     n_strips = (rows + MR - 1) // MR
     backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
-                   d_r, bplane, fplane, mask_kind, causal, offset, key, threshold, drop_scale,
-                   first, n_keys_all, threshold > 0, wp, dsp, dsq, ts, tdp, kept, x, p, bits32,
-                   bits, dsh, store_ds)
+                   inv_r, d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
+                   drop_scale, first, n_keys_all, threshold > 0, wp, dsp, dsq, ts, tdp, kept, x,
+                   p, bits32, bits, dsh, store_ds)
     for c0 in range(0, n_keys, NR):                        # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
         panel = (c0 // NR) * BQ * NR
         for r0 in range(0, dvt.shape[0], MR):
@@ -532,10 +540,13 @@ def backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt, vt, kp, j0, n_keys
 
 
 @kernel
-def pack_query_block(qh, doh, oh, lseh, i0, rows, scale, qs, dos, qc, doc, lse_r, d_r):
+def pack_query_block(qh, doh, oh, lseh, normh, i0, rows, scale, qs, dos, qc, doc, lse_r, inv_r,
+                     d_r):
     # The query block's operands for backward_pair, packed once and used against every key
     # block: q·scale and dout as query strips, qᵀ and doutᵀ as column strips over queries; per
-    # row its logsumexp (+inf where fully masked or padding, so p = 0) and D = dout·out.
+    # row its logsumexp (+inf where fully masked or padding, so p = 0), 1 / its normaliser
+    # normh -- Σ_j exp(s_j - lse), 1 unless |lse| is so large that its rounding swallowed log l
+    # (the caller's _normalisers) -- and D = dout·out.
     pack_lanes(qh, i0, rows, MR, scale, qs)
     pack_lanes(doh, i0, rows, MR, 1.0, dos)
     pack_columns(qh, i0, rows, MR, BQ, qc)
@@ -545,20 +556,23 @@ def pack_query_block(qh, doh, oh, lseh, i0, rows, scale, qs, dos, qc, doc, lse_r
         if r < rows:
             lse_i = lseh[i0 + r]
             lse_r[r] = inf if lse_i == -np.inf else lse_i
+            inv_r[r] = qh.dtype.type(1) / normh[i0 + r]
             total = qh.dtype.type(0)
             for c in range(doh.shape[1]):
                 total += doh[i0 + r, c] * oh[i0 + r, c]
             d_r[r] = total
         else:
             lse_r[r] = inf
+            inv_r[r] = 1
             d_r[r] = 0
 
 
 @parallel_kernel
-def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask, planes,
+def attention_backward_kernel(q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, planes,
                               mask_kind, causal, offset, scale, key, threshold, drop_scale,
                               dq_parts, dk, dv, dscores, store_ds):
-    # q, k, v, qi, ki, vi, masks as forward; dout, out (B, H, L, Ev), lse (B, H, L) ->
+    # q, k, v, qi, ki, vi, masks as forward; dout, out (B, H, L, Ev), lse (B, H, L), norm
+    # (B, H, L): each row's Σ_j exp(s_j - lse), 1 unless lse lost log l to rounding ->
     # dq_parts (n_splits, B, H, L, E) unscaled (the caller sums the splits and scales),
     # dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, dscores (B, H, L, S) if
     # store_ds (the gradient of the scores: a float mask's gradient before un-broadcasting)
@@ -584,6 +598,7 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
         dsp = np.empty(BK * BQ, dtype)
         dsq = np.empty(BQ * BK, dtype)
         lse_r = np.empty(BQ, dtype)
+        inv_r = np.empty(BQ, dtype)
         d_r = np.empty(BQ, dtype)
         ts = np.empty((MR, NR), dtype)
         tdp = np.empty((MR, NR), dtype)
@@ -622,14 +637,14 @@ def attention_backward_kernel(q, k, v, dout, out, lse, qi, ki, vi, bmask, fmask,
                     rows = min(BQ, n_rows - i0)
                     if causal and (split + o0 * n_splits) * BK > i0 + rows - 1 + offset:
                         continue                        # no row of the block sees a key
-                    pack_query_block(qh, doh, out[b, h], lse[b, h], i0, rows, scale, qs, dos,
-                                     qc, doc, lse_r, d_r)
+                    pack_query_block(qh, doh, out[b, h], lse[b, h], norm[b, h], i0, rows,
+                                     scale, qs, dos, qc, doc, lse_r, inv_r, d_r)
                     for o in range(o0, min(o0 + CHUNK, n_own)):
                         j0 = (split + o * n_splits) * BK
                         if causal and j0 > i0 + rows - 1 + offset:
                             continue
-                        backward_pair(qs, dos, qc, doc, lse_r, d_r, i0, rows, kt[o], vt[o],
-                                      kp[o], j0, min(BK, n_keys_all - j0), width, vwidth,
+                        backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt[o],
+                                      vt[o], kp[o], j0, min(BK, n_keys_all - j0), width, vwidth,
                                       n_keys_all, dqh, dkt[o], dvt[o], bplane, fplane,
                                       mask_kind, causal, offset, key, threshold, drop_scale,
                                       bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq,

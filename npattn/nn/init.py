@@ -71,6 +71,14 @@ def float_input(name, value, dtype, owner):
     return x
 
 
+def _real(name, value):
+    """A finite real number (not a bool) as a float."""
+    value = _checks.real_float(name, value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite; got {value}")
+    return value
+
+
 def _shape(shape):
     dims = tuple(shape) if np.iterable(shape) else (shape,)
     return tuple(size("shape", n) for n in dims)
@@ -91,12 +99,9 @@ def calculate_gain(nonlinearity, param=None):
     if nonlinearity == "leaky_relu":
         if param is None:
             slope = 0.01
-        elif isinstance(param, (bool, np.bool_)) or not isinstance(param, numbers.Real):
-            raise TypeError(f"param must be a number (the negative slope); got "
-                            f"{type(param).__name__}")
         else:
-            slope = float(param)
-        return math.sqrt(2.0 / (1.0 + slope ** 2))
+            slope = _real("param", param)         # the negative slope
+        return math.sqrt(2.0 / (1.0 + slope * slope))
     if nonlinearity == "selu":
         return 3.0 / 4.0
     raise ValueError(f"nonlinearity must be one of linear, sigmoid, tanh, relu, leaky_relu, "
@@ -126,19 +131,22 @@ def _fan(shape, mode):
 
 def uniform(shape, a=0.0, b=1.0, *, rng=None, dtype=np.float32):
     """Samples of U(a, b). Shapes: -> shape"""
-    shape, dtype = _shape(shape), float_dtype(dtype)
+    shape, dtype, a, b = _shape(shape), float_dtype(dtype), _real("a", a), _real("b", b)
     return generator(rng).uniform(a, b, size=shape).astype(dtype)
 
 
 def normal(shape, mean=0.0, std=1.0, *, rng=None, dtype=np.float32):
     """Samples of N(mean, std²). Shapes: -> shape"""
     shape, dtype = _shape(shape), float_dtype(dtype)
+    mean, std = _real("mean", mean), _real("std", std)
+    if std < 0:
+        raise ValueError(f"std must be >= 0; got {std}")
     return generator(rng).normal(mean, std, size=shape).astype(dtype)
 
 
 def constant(shape, value, *, dtype=np.float32):
     """Every entry ``value``. Shapes: -> shape"""
-    return np.full(_shape(shape), value, dtype=float_dtype(dtype))
+    return np.full(_shape(shape), _checks.real_float("value", value), dtype=float_dtype(dtype))
 
 
 def zeros(shape, *, dtype=np.float32):
@@ -151,7 +159,8 @@ def ones(shape, *, dtype=np.float32):
 
 def xavier_uniform(shape, gain=1.0, *, rng=None, dtype=np.float32):
     """Glorot & Bengio (2010): U(-a, a) with a = gain·√(6 / (fan_in + fan_out))."""
-    shape = _shape(shape)
+    shape, gain = _shape(shape), _real("gain", gain)
+    rng, dtype = generator(rng), float_dtype(dtype)
     fan_in, fan_out = fan_in_and_fan_out(shape)
     if math.prod(shape) == 0:
         return zeros(shape, dtype=dtype)
@@ -161,7 +170,11 @@ def xavier_uniform(shape, gain=1.0, *, rng=None, dtype=np.float32):
 
 def xavier_normal(shape, gain=1.0, *, rng=None, dtype=np.float32):
     """Glorot & Bengio (2010): N(0, std²) with std = gain·√(2 / (fan_in + fan_out))."""
-    shape = _shape(shape)
+    shape, gain = _shape(shape), _real("gain", gain)
+    rng, dtype = generator(rng), float_dtype(dtype)
+    if gain < 0:
+        raise ValueError(f"gain must be >= 0 for xavier_normal (it scales a standard "
+                         f"deviation); got {gain}")
     fan_in, fan_out = fan_in_and_fan_out(shape)
     if math.prod(shape) == 0:
         return zeros(shape, dtype=dtype)
@@ -172,20 +185,21 @@ def kaiming_uniform(shape, a=0.0, mode="fan_in", nonlinearity="leaky_relu", *, r
                     dtype=np.float32):
     """He et al. (2015): U(-b, b) with b = gain·√(3 / fan), gain = calculate_gain(
     nonlinearity, a). ``nn.Linear`` uses a = √5, which makes b = 1/√fan_in."""
-    shape = _shape(shape)
+    shape, rng, dtype = _shape(shape), generator(rng), float_dtype(dtype)
+    gain = calculate_gain(nonlinearity, None if a is None else _real("a", a))
     fan = _fan(shape, mode)
     if math.prod(shape) == 0:
         return zeros(shape, dtype=dtype)
-    bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / fan)
+    bound = gain * math.sqrt(3.0 / fan)
     return uniform(shape, -bound, bound, rng=rng, dtype=dtype)
 
 
 def kaiming_normal(shape, a=0.0, mode="fan_in", nonlinearity="leaky_relu", *, rng=None,
                    dtype=np.float32):
     """He et al. (2015): N(0, std²) with std = gain / √fan."""
-    shape = _shape(shape)
+    shape, rng, dtype = _shape(shape), generator(rng), float_dtype(dtype)
+    gain = calculate_gain(nonlinearity, None if a is None else _real("a", a))
     fan = _fan(shape, mode)
     if math.prod(shape) == 0:
         return zeros(shape, dtype=dtype)
-    return normal(shape, 0.0, calculate_gain(nonlinearity, a) / math.sqrt(fan), rng=rng,
-                  dtype=dtype)
+    return normal(shape, 0.0, gain / math.sqrt(fan), rng=rng, dtype=dtype)

@@ -12,6 +12,7 @@ Names follow PyTorch: a parameter's name is the attribute path that reaches it
 ``state_dict`` converted to NumPy arrays loads with ``load_state_dict``.
 """
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -28,7 +29,11 @@ class Parameter:
     __slots__ = ("data", "grad")
 
     def __init__(self, data):
-        data = np.array(data, order="C")                # a copy the module owns
+        try:
+            data = np.array(data, order="C")            # a copy the module owns
+        except (ValueError, TypeError) as exc:          # ragged lists and the like
+            raise TypeError(f"Parameter data must be a float32 or float64 array; got "
+                            f"{type(data).__name__} that NumPy cannot convert ({exc})") from None
         if data.dtype not in FLOAT_DTYPES:
             raise TypeError(f"Parameter data must have dtype float32 or float64; got {data.dtype}")
         self.data = data
@@ -43,8 +48,19 @@ class Parameter:
         return self.data.dtype
 
     def accumulate(self, grad):
-        """``grad += g``: how every backward hands a parameter its gradient."""
-        self.grad += grad
+        """``grad += g``: how every backward hands a parameter its gradient. ``g`` must be a
+        float array of the parameter's shape (it is rounded to the parameter's dtype)."""
+        try:
+            g = np.asarray(grad)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"grad must be a float array; got {type(grad).__name__} that "
+                            f"NumPy cannot convert ({exc})") from None
+        if g.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"grad must be a float32 or float64 array; got dtype {g.dtype}")
+        if g.shape != self.data.shape:
+            raise ValueError(f"grad must have the parameter's shape {self.data.shape}; got "
+                             f"{g.shape}")
+        self.grad += g
 
     def __repr__(self):
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
@@ -150,6 +166,11 @@ class Module:
         torch_module.state_dict().items()}``). Shapes must match. With ``strict`` (the default)
         missing or unexpected keys are an error; returns ``(missing, unexpected)`` key lists.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping of names to arrays; got "
+                            f"{type(state_dict).__name__}")
+        if not isinstance(strict, (bool, np.bool_)):
+            raise TypeError(f"strict must be a bool; got {type(strict).__name__}")
         targets = dict(self.named_parameters())
         owners = {name: (module, name.rpartition(".")[2])
                   for path, module in self.named_modules()
@@ -168,7 +189,12 @@ class Module:
                 current = getattr(*owners[key])
             else:
                 continue
-            value = np.asarray(value)
+            try:
+                value = np.asarray(value)
+            except (ValueError, TypeError) as exc:      # ragged lists and the like
+                raise TypeError(f"state_dict[{key!r}] must be a float array; got "
+                                f"{type(value).__name__} that NumPy cannot convert "
+                                f"({exc})") from None
             if value.shape != current.shape:
                 raise ValueError(f"state_dict[{key!r}] must have shape {current.shape}; "
                                  f"got {value.shape}")
@@ -181,7 +207,10 @@ class Module:
 
     def to(self, dtype):
         """Cast every parameter (data and grad) and float buffer to ``dtype``; returns self."""
-        dtype = np.dtype(dtype)
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be float32 or float64; got {dtype!r}") from None
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32 or float64; got {dtype}")
         for param in self.parameters():

@@ -1,6 +1,5 @@
 """``nn.LayerNorm``: normalise each sample over its trailing dims, then scale and shift."""
 import math
-import numbers
 
 import numpy as np
 
@@ -29,11 +28,10 @@ class LayerNorm(Module):
         super().__init__()
         self.normalized_shape = _checks.normalized_shape_value("normalized_shape",
                                                                normalized_shape)
-        if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
-            raise TypeError(f"eps must be a real number >= 0; got {type(eps).__name__}")
-        if not 0.0 <= float(eps) < math.inf:
+        eps = _checks.real_float("eps", eps, "a real number >= 0")
+        if not 0.0 <= eps < math.inf:                # also rejects NaN
             raise ValueError(f"eps must be a finite real number >= 0; got {eps}")
-        self.eps = float(eps)
+        self.eps = eps
         self.elementwise_affine = _checks.flag("elementwise_affine", elementwise_affine)
         bias = _checks.flag("bias", bias)
         dtype = init.float_dtype(dtype)
