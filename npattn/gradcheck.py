@@ -242,6 +242,17 @@ class _Checker:
         self.errors, self.worsts, self.skipped, self.problems = {}, {}, {}, []
         self.notes = list(notes)
 
+    def check_inputs(self, args, grads, objective, what):
+        """:meth:`check` each float-array input against its gradient; note why others are
+        skipped (``None`` from backward, or an input that is not a float array)."""
+        for i, (arg, grad) in enumerate(zip(args, grads)):
+            if grad is None:
+                self.skipped[i] = "backward returned None"
+            elif not _is_float_array(arg):
+                self.skipped[i] = f"not a float array ({type(arg).__name__}), so not perturbed"
+            else:
+                self.check(i, grad, arg, objective, what)
+
     def check(self, key, analytic, target, objective, what):
         """Compare ``analytic`` with central differences of ``objective`` over ``target``."""
         try:
@@ -330,13 +341,7 @@ def gradcheck(forward, backward, inputs, *, dout=None, eps=1e-6, atol=1e-5, rtol
         return float(np.sum(dout * _as_output(forward(*args), "forward"), dtype=np.float64))
 
     checker = _Checker(eps, atol, rtol, notes)
-    for i, (arg, grad) in enumerate(zip(args, grads)):
-        if grad is None:
-            checker.skipped[i] = "backward returned None"
-        elif not _is_float_array(arg):
-            checker.skipped[i] = f"not a float array ({type(arg).__name__}), so not perturbed"
-        else:
-            checker.check(i, grad, arg, objective, "the gradient from backward")
+    checker.check_inputs(args, grads, objective, "the gradient from backward")
     return checker.report(raise_exception)
 
 
@@ -411,13 +416,7 @@ def gradcheck_module(module, inputs, *, output=None, dout=None, eps=1e-6, atol=1
         return float(np.sum(dout * y, dtype=np.float64))
 
     checker = _Checker(eps, atol, rtol, notes)
-    for i, (arg, grad) in enumerate(zip(args, dinputs)):
-        if grad is None:
-            checker.skipped[i] = "backward returned None"
-        elif not _is_float_array(arg):
-            checker.skipped[i] = f"not a float array ({type(arg).__name__}), so not perturbed"
-        else:
-            checker.check(i, grad, arg, objective, "the input gradient from backward")
+    checker.check_inputs(args, dinputs, objective, "the input gradient from backward")
     for name, grad, param in dparams:
         checker.check(name, grad, param.data, objective, "the parameter's .grad")
     return checker.report(raise_exception)
