@@ -23,9 +23,10 @@ interpreter (``python -m benchmarks.first_use --child ...``):
   ops (``DEMO``) are summed. Loading a kernel is mostly Numba rebuilding its library from the
   cache: parsing the LLVM bitcode and walking its symbols (``codegen._unserialize``), tens of
   ms for a large kernel; reading the index and matching the signature are small.
-* **cold compile**: ``npattn warmup`` into an empty ``NUMBA_CACHE_DIR``: every kernel for both
-  dtypes, per step, and the kernels that take longest (Numba's own compile timer, which
-  includes the serial kernels a kernel calls when they compile with it).
+* **cold compile**: ``npattn warmup --jobs 1`` into an empty ``NUMBA_CACHE_DIR``: every kernel
+  for both dtypes, per step, and the kernels that take longest (Numba's own compile timer,
+  which includes the serial kernels a kernel calls when they compile with it); then the wall
+  time of ``npattn warmup`` as it runs by default, one worker process per CPU.
 """
 import argparse
 import json
@@ -113,21 +114,8 @@ def _first_use_calls(npattn, np, dtype, rng):
 
 def _dispatchers():
     """Every Numba dispatcher of npattn.kernels (parallel kernels' and serial ones)."""
-    import numba
-
-    from npattn.warmup import parallel_kernels
-    import npattn.kernels as package
-    import importlib
-    import pkgutil
-    parallel_kernels()                                            # imports every module
-    found = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"npattn.kernels.{info.name}")
-        for name, obj in vars(module).items():
-            d = getattr(obj, "dispatcher", obj)
-            if isinstance(d, numba.core.registry.CPUDispatcher):
-                found[f"{info.name}.{name}"] = d
-    return found
+    from npattn.warmup import dispatchers
+    return dispatchers()
 
 
 def child_import():
@@ -177,13 +165,14 @@ def child_first_calls(dtypes):
             "threads": numba.get_num_threads(), "layer": npattn._jit.threading_layer()}
 
 
-def child_cold(dtypes):
+def child_cold(dtypes, jobs=1):
     import numpy as np
 
     from npattn import warmup
     start, cpu = time.perf_counter(), time.process_time()
-    timings, gaps = warmup.warmup([np.dtype(d) for d in dtypes],
-                                  report=lambda line: print(line, file=sys.stderr, flush=True))
+    timings, gaps, compiled, processes = warmup.warmup(
+        [np.dtype(d) for d in dtypes], jobs=jobs,
+        report=lambda line: print(line, file=sys.stderr, flush=True))
     total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
     kernels = []
     for name, k in warmup.parallel_kernels().items():
@@ -194,7 +183,8 @@ def child_cold(dtypes):
                             "seconds": timers.get("compiler_lock"),
                             "llvm": timers.get("llvm_lock")})
     return {"steps": [dict(zip(("dtype", "step", "seconds", "cpu"), t)) for t in timings],
-            "total": total, "total_cpu": total_cpu, "gaps": gaps, "kernels": kernels}
+            "total": total, "total_cpu": total_cpu, "gaps": gaps, "kernels": kernels,
+            "compiled": compiled, "processes": processes}
 
 
 def child(kind, dtypes):
@@ -204,6 +194,9 @@ def child(kind, dtypes):
         return child_first_calls(dtypes)
     if kind == "cold":
         return child_cold(dtypes)
+    if kind == "cold-parallel":
+        from npattn.warmup import default_jobs
+        return child_cold(dtypes, jobs=default_jobs())
     if kind == "warm":
         from npattn.warmup import main
         return {"status": main(["--quiet"])}
@@ -252,13 +245,15 @@ def measure(repeats=5, cold=True, dtypes=("float32", "float64"), log=print):
     log("first calls, warm cache...")
     record["first"] = [run_child("first", dtypes) for _ in range(repeats)]
     if cold:
-        cache = tempfile.mkdtemp(prefix="npattn-cold-cache-")
-        try:
-            log("cold compile into an empty cache (minutes)...")
-            record["cold"] = run_child("cold", ("float32", "float64"),
-                                       env={"NUMBA_CACHE_DIR": cache})
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)
+        for key, kind, how in (("cold", "cold", "in this process"),
+                               ("cold_parallel", "cold-parallel", "one process per CPU")):
+            cache = tempfile.mkdtemp(prefix="npattn-cold-cache-")
+            try:
+                log(f"cold compile into an empty cache, {how} (minutes)...")
+                record[key] = run_child(kind, ("float32", "float64"),
+                                        env={"NUMBA_CACHE_DIR": cache})
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
     return record
 
 
@@ -316,9 +311,13 @@ def markdown(record, command):
               f"processes: {misses} (0: all loaded from the cache)."]
     cold = record.get("cold")
     if cold:
+        par = record.get("cold_parallel")
         lines += ["", f"Cold compile of every kernel, float32 and float64, into an empty cache "
-                  f"(`npattn warmup`): {_s(cold['total'])} wall, {_s(cold['total_cpu'])} CPU"
-                  + (f"; not reached: {', '.join(cold['gaps'])}" if cold["gaps"] else "") + ".",
+                  f"(`npattn warmup --jobs 1`): {_s(cold['total'])} wall, "
+                  f"{_s(cold['total_cpu'])} CPU"
+                  + (f"; not reached: {', '.join(cold['gaps'])}" if cold["gaps"] else "")
+                  + (f". In {par['processes']} processes (`npattn warmup`, the default): "
+                     f"{_s(par['total'])} wall" if par else "") + ".",
                   "", "| step | float32 | float64 |", "|---|---|---|"]
         steps = dict.fromkeys(s["step"] for s in cold["steps"])
         for step in steps:

@@ -118,6 +118,90 @@ def test_after_warmup_a_new_process_compiles_nothing(warmed):
     assert result["n_signatures"] >= 30
 
 
+WARM_SOME = "import sys\nfrom npattn.warmup import main\nsys.exit(main({argv!r}))"
+
+
+def test_parallel_warmup_fills_an_empty_cache(tmp_path):
+    """``npattn warmup --jobs 2`` into an empty cache: the float32 and float64 units of one op
+    compile in two worker processes at once and write to the same kernels' cache indexes;
+    afterwards the parent loads every signature, and so does a new process, compiling none."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    ops = ["--ops", "softmax,dropout"]
+    out = run_script(WARM_SOME.format(argv=ops + ["--jobs", "2"]), timeout=1200, **env)
+    lines = out.strip().splitlines()
+    shown = {tuple(line.split()[:2]) for line in lines[1:-1]}
+    assert shown == {(d, op) for d in ("float32", "float64") for op in ("softmax,", "dropout")}
+    assert " in 2 processes: " in lines[-1]
+    compiled = int(lines[-1].split(": ")[-1].split()[0])
+    loaded = int(lines[-1].split(", ")[-1].split()[0])
+    assert compiled >= 6 and loaded >= 6, lines[-1]             # fwd + bwd of each, 2 dtypes
+    again = run_script(WARM_SOME.format(argv=ops + ["--jobs", "1"]), timeout=600, **env)
+    assert f": 0 kernel signatures compiled, {loaded} already in the cache" in again, again
+
+
+LOCKED_WRITE = """
+import json, sys, time
+import numpy as np
+import npattn
+from npattn import warmup
+assert warmup._lock_cache_writes(sys.argv[1])
+assert warmup._lock_cache_writes(sys.argv[1])           # a second call installs nothing more
+start = time.perf_counter()
+npattn.dropout_mask((3, 5), 0.3, seed=1)                # compiles, then writes the cache
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+
+def _cpu_seconds(pid):
+    """User + system CPU time of process ``pid`` so far (Linux /proc), or None once it ended."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
+def test_a_warmup_worker_writes_the_cache_only_under_the_lock(tmp_path):
+    """While another process holds the lock, a worker compiles (uses CPU), then waits in its
+    cache write (uses none) with nothing written; once the lock is released it writes."""
+    import fcntl
+    import time
+    from test_stress import last_json
+    lock, cache = tmp_path / "lock", tmp_path / "cache"
+    lock.touch()
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+    with open(lock) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        child = subprocess.Popen([sys.executable, "-c", LOCKED_WRITE, str(lock)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cpu, deadline = 0.0, time.monotonic() + 600
+        while time.monotonic() < deadline:       # until it stops using CPU: blocked
+            time.sleep(2)
+            now = _cpu_seconds(child.pid)
+            if now is None or child.poll() is not None or (now == cpu and now > 1):
+                break
+            cpu = now
+        blocked = child.poll() is None
+        written_while_held = sorted(p.name for p in cache.rglob("*.nb[ic]"))
+        fcntl.flock(held, fcntl.LOCK_UN)
+    stdout, stderr = child.communicate(timeout=600)
+    assert child.returncode == 0, stderr
+    assert blocked, "the worker finished while the lock was held"
+    assert written_while_held == []
+    assert list(cache.rglob("*.nbi")) and last_json(stdout)["seconds"] > 2
+
+
+def test_warmup_rejects_bad_jobs_and_unknown_ops(capsys):
+    from npattn.warmup import main
+    for argv, word in ((["--jobs", "0"], "--jobs"), (["--ops", "softmax,conv2d"], "conv2d")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert word in capsys.readouterr().err
+
+
 def test_warmup_rejects_an_unknown_dtype(capsys):
     from npattn.warmup import main
     with pytest.raises(SystemExit) as exit_info:
