@@ -169,14 +169,19 @@ def child_cold(dtypes, jobs=1):
     import numpy as np
 
     from npattn import warmup
+    from npattn._jit import ItemKernel
     start, cpu = time.perf_counter(), time.process_time()
     timings, gaps, compiled, processes = warmup.warmup(
         [np.dtype(d) for d in dtypes], jobs=jobs,
         report=lambda line: print(line, file=sys.stderr, flush=True))
     total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
     kernels = []
-    for name, k in warmup.parallel_kernels().items():
-        for sig, result in k.dispatcher.overloads.items():
+    parallel = warmup.parallel_kernels()
+    dispatchers = {name: k.dispatcher for name, k in parallel.items()}
+    dispatchers.update({f"{name} (its work item)": k.item for name, k in parallel.items()
+                        if isinstance(k, ItemKernel)})            # (compiled apart: _jit)
+    for name, dispatcher in dispatchers.items():
+        for sig, result in dispatcher.overloads.items():
             timers = (result.metadata or {}).get("timers", {})
             dtype = sorted(warmup._float_dtypes(sig)) or ["-"]
             kernels.append({"kernel": name, "dtype": dtype[0],

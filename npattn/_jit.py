@@ -52,7 +52,7 @@ import os
 import threading
 
 import numba
-from numba import njit
+from numba import njit, types
 
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
@@ -84,6 +84,10 @@ def _jit(options):
         return dispatcher
     return decorate
 
+
+#: For ``numba.extending.overload``: a kernel whose form is picked by its argument types when
+#: the caller compiles (kernels/exp.py). Its body only calls other kernels.
+OVERLOAD_OPTIONS = {"nogil": True, "error_model": "numpy"}
 
 #: A serial kernel; may also be called from other kernels.
 kernel = _jit(OPTIONS)
@@ -150,6 +154,100 @@ class ThreadSafeKernel:
 def parallel_kernel(func):
     """A ``prange`` kernel, compiled lazily on its first call and safe to call from any thread."""
     return ThreadSafeKernel(_jit({**OPTIONS, "parallel": True})(func))
+
+
+def _arg_key(value):
+    """What decides the Numba type of a kernel argument, cheaply: for an array (or NumPy
+    scalar) its dtype, rank, layout, writability and alignment; else its Python type. (An int
+    past int64, whose type would differ, is refused by Numba's dispatcher anyway.)"""
+    flags = getattr(value, "flags", None)
+    if flags is None:
+        return type(value)
+    return (type(value), value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous,
+            flags.writeable, flags.aligned)
+
+
+class _Body:
+    """A compiled body as a first-class function value: its address and signature (Numba's
+    wrapper address protocol, through ``numba.types.CompileResultWAP``) and its Numba type,
+    computed once -- Numba would otherwise rebuild the function type at every call."""
+
+    def __init__(self, cres):
+        wap = types.CompileResultWAP(cres)
+        self.address, self._signature = wap.__wrapper_address__(), wap.signature()
+        self._numba_type_ = types.FunctionType(self._signature)
+
+    def __wrapper_address__(self):
+        return self.address
+
+    def signature(self):
+        return self._signature
+
+
+class ItemKernel(ThreadSafeKernel):
+    """A parallel loop over work items whose body is a serial kernel passed to the loop as a
+    first-class function; called as ``kernel(*args)`` (the body is put first).
+
+    Why: Numba links the code of every serial kernel a kernel calls into the caller's library
+    and runs LLVM's whole O3 pipeline over it again there -- and a ``prange`` kernel is two
+    such libraries (its gufunc and the wrapper that launches it). For the attention kernels
+    that re-optimisation was about half of their 25-29 s compile. A function passed as an
+    argument is called through its address, not linked: the loop compiles in ~1 s, the body
+    once, into its own cached library. The results are the same bits (tested), and the
+    attention backward came out faster (its item is optimised as a function of its own).
+
+    How: for each new combination of argument types, the body is compiled (or loaded from the
+    disk cache) for ``void(int64, *argument types)`` and wrapped as a first-class function
+    value holding its address (:class:`_Body`), kept per :func:`_arg_key` of the arguments,
+    so that a call costs a dictionary look-up; the loop compiles (or loads) as usual for that
+    function type and the arguments. (Passed the body's dispatcher instead, Numba would type
+    it as itself and build a version that links it.)
+    """
+
+    def __init__(self, dispatcher, item):
+        super().__init__(dispatcher)
+        self.item = item
+        self._uncached_item = None
+        self._bodies = {}                 # (loop, argument keys) -> the body as a function value
+
+    def _targets(self):
+        loop = self._target()
+        if loop is self.dispatcher:
+            return loop, self.item
+        if self._uncached_item is None:   # SLP off: the body must not reach the cache either
+            self._uncached_item = njit(**{**OPTIONS, "cache": False})(self.item.py_func)
+        return loop, self._uncached_item
+
+    @staticmethod
+    def _body(loop, item, args):
+        """The body compiled (or loaded from the disk cache) for these arguments' types, as a
+        function value; the loop then compiles for it on its own (its type is a FunctionType
+        with exactly the types the loop's call passes)."""
+        signature = types.void(types.int64, *(loop.typeof_pyval(a) for a in args))
+        item.compile(signature)
+        return _Body(item.overloads[signature.args])
+
+    def __call__(self, *args):
+        loop, item = self._targets()
+        if not hasattr(loop, "compile"):                  # NUMBA_DISABLE_JIT: plain Python
+            return loop(item, *args)
+        key = (loop,) + tuple(map(_arg_key, args))
+        body = self._bodies.get(key)
+        if body is None:
+            body = self._bodies[key] = self._body(loop, item, args)
+        if _launches_may_overlap():
+            return loop(body, *args)
+        with _launch_lock:
+            return loop(body, *args)
+
+
+def parallel_items(item):
+    """A ``prange`` loop over work items whose body is the serial kernel ``item``: see
+    :class:`ItemKernel`. The decorated loop takes ``item`` as its first parameter and calls it
+    as ``item(np.int64(w), *the other parameters)``; callers pass only the others."""
+    def decorate(loop):
+        return ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), item)
+    return decorate
 
 
 def threading_layer():

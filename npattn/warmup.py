@@ -395,15 +395,23 @@ def warmup(dtypes=(np.float32, np.float64), report=print, jobs=1, ops=None):
             futures = [pool.submit(_warm_unit, name, [s[0] for s in group], lock)
                        for name, group in units]
             for future in concurrent.futures.as_completed(futures):
-                done, n = future.result()
+                try:
+                    done, n = future.result()
+                except concurrent.futures.process.BrokenProcessPool as error:
+                    report(f"  a worker process died ({error}): the rest compiles here")
+                    break
                 compiled += n
                 timings += done
                 for name, label, seconds, _ in done:
                     report(f"  {name:8} {label:38} {seconds:7.2f} s")
     finally:
         os.unlink(lock)
-    for d in dtypes:                            # here: load every kernel from the cache
-        _run_steps(d, steps, None)
+    finished = {t[:2] for t in timings}
+    for d in dtypes:              # here: load every kernel from the cache (or compile what a
+        for step in steps:        # dead worker left), which also checks they are all there
+            unfinished = (np.dtype(d).name, step[0]) not in finished
+            timings += [t for t in _run_steps(d, [step], report if unfinished else None)
+                        if unfinished]
     order = {(np.dtype(d).name, s[0]): i for i, (d, s) in
              enumerate((d, s) for d in dtypes for s in steps)}
     timings.sort(key=lambda t: order[t[:2]])

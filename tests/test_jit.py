@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import numba
+import numpy as np
 import pytest
 
 import npattn
@@ -117,3 +118,47 @@ def test_concurrent_calls_from_python_threads(layer):
 def test_threading_layer_is_reported_once_launched():
     npattn.softmax([[1.0, 2.0]])
     assert _jit.threading_layer() in {"tbb", "omp", "workqueue"}
+
+
+# ---------------------------------------------------------------- parallel_items (ItemKernel)
+
+@_jit.kernel
+def _add_item(w, out, step):
+    out[w] += step
+
+
+@_jit.parallel_items(_add_item)
+def _add_all(item, out, step):
+    for w in numba.prange(out.shape[0]):
+        item(np.int64(w), out, step)
+
+
+def _body_types(kernel):
+    return [type(signature[0]) for signature in kernel.dispatcher.signatures]
+
+
+def test_a_parallel_items_loop_takes_its_body_as_a_function_value():
+    """The loop is compiled for its body as a first-class function (not linked into it), once
+    for each new combination of argument types, and never for the body's own dispatcher
+    type (which a plain call would compile)."""
+    out = np.zeros(6)
+    _add_all(out, 1)
+    _add_all(out[::2], 2)                         # another layout: another version
+    _add_all(out, np.float32(0.5))                # another type of step
+    _add_all(out, 3)                              # known types: no new version
+    assert np.array_equal(out, [6.5, 4.5] * 3)
+    assert _body_types(_add_all) == [numba.types.FunctionType] * 3
+
+
+def test_the_attention_kernels_call_their_work_items_through_a_pointer():
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(dtype) for _ in range(3))
+        v.flags.writeable = False                 # a read-only input is another version
+        out, lse = npattn.scaled_dot_product_attention_forward(q, k, v)
+        npattn.scaled_dot_product_attention_backward(out, q, k, v, out, lse)
+    from npattn.kernels import attention
+    for kernel in (attention.attention_forward_kernel, attention.attention_backward_kernel):
+        assert isinstance(kernel, _jit.ItemKernel)
+        assert set(_body_types(kernel)) == {numba.types.FunctionType}
+        assert len(kernel.dispatcher.signatures) >= 2

@@ -64,7 +64,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .._jit import kernel, parallel_kernel
+from .._jit import kernel, parallel_items
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .gemm import MR, NR, micro_kernel
 from .random import keep
@@ -421,35 +421,47 @@ def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, d
         wrow[end:] = zero
 
 
-@parallel_kernel
-def attention_forward_kernel(q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal,
+@kernel
+def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal, offset, scale,
+                 key, threshold, drop_scale, out, lse, row_max, row_sum, weights, store_weights,
+                 block_rows):
+    # Work item w of attention_forward_kernel: block_rows query rows of one head
+    n_batch, n_heads, n_rows = lse.shape
+    n_keys = k.shape[2]
+    group = n_heads // k.shape[1]
+    n_qb = (n_rows + block_rows - 1) // block_rows
+    bh = w // n_qb
+    b = bh // n_heads
+    h = bh % n_heads
+    t = w % n_qb                                   # zig-zag: under causal masking block t
+    qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
+    i0 = qb * block_rows
+    plane = planes[bh]                             # (the unused mask is one plane: index 0)
+    bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
+    fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
+    wb = b if store_weights else 0
+    wh_ = h if store_weights else 0
+    forward_rows(q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group], i0,
+                 min(block_rows, n_rows - i0), bplane, fplane, mask_kind, causal, offset,
+                 scale, key, threshold, drop_scale, bh * n_rows * n_keys, out[b, h],
+                 lse[b, h], row_max[b, h], row_sum[b, h], weights[wb, wh_], store_weights)
+
+
+@parallel_items(forward_item)
+def attention_forward_kernel(item, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal,
                              offset, scale, key, threshold, drop_scale, out, lse, row_max,
                              row_sum, weights, store_weights, block_rows):
     # q (Bq, H, L, E) · k (Bk, Hkv, S, E) · v (Bv, Hkv, S, Ev), qi/ki/vi (B,): the stored
     # batch each broadcast batch b reads; bmask/fmask (Nm, Lm, Sm) mask planes, planes (B·H,)
     # -> out (B, H, L, Ev), lse, row_max, row_sum (B, H, L) (lse = row_max + log row_sum),
-    # and weights (B, H, L, S) if store_weights
+    # and weights (B, H, L, S) if store_weights. Each work item (forward_item, passed as
+    # `item`) owns block_rows rows of one head.
     n_batch, n_heads, n_rows = lse.shape
-    n_keys = k.shape[2]
-    group = n_heads // k.shape[1]
     n_qb = (n_rows + block_rows - 1) // block_rows
-    for w in prange(n_batch * n_heads * n_qb):     # each iteration owns block_rows rows of
-        # one head
-        bh = w // n_qb
-        b = bh // n_heads
-        h = bh % n_heads
-        t = w % n_qb                               # zig-zag: under causal masking block t
-        qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
-        i0 = qb * block_rows
-        plane = planes[bh]                         # (the unused mask is one plane: index 0)
-        bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
-        fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
-        wb = b if store_weights else 0
-        wh_ = h if store_weights else 0
-        forward_rows(q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group], i0,
-                     min(block_rows, n_rows - i0), bplane, fplane, mask_kind, causal, offset,
-                     scale, key, threshold, drop_scale, bh * n_rows * n_keys, out[b, h],
-                     lse[b, h], row_max[b, h], row_sum[b, h], weights[wb, wh_], store_weights)
+    for w in prange(n_batch * n_heads * n_qb):
+        item(np.int64(w), q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal, offset,
+             scale, key, threshold, drop_scale, out, lse, row_max, row_sum, weights,
+             store_weights, block_rows)
 
 
 @kernel
@@ -567,17 +579,14 @@ def pack_query_block(qh, doh, oh, lseh, normh, i0, rows, scale, qs, dos, qc, doc
             d_r[r] = 0
 
 
-@parallel_kernel
-def attention_backward_kernel(q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, planes,
-                              mask_kind, causal, offset, scale, key, threshold, drop_scale,
-                              dq_parts, dk, dv, dscores, store_ds):
-    # q, k, v, qi, ki, vi, masks as forward; dout, out (B, H, L, Ev), lse (B, H, L), norm
-    # (B, H, L): each row's Σ_j exp(s_j - lse), 1 unless lse lost log l to rounding ->
-    # dq_parts (n_splits, B, H, L, E) unscaled (the caller sums the splits and scales),
-    # dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, dscores (B, H, L, S) if
-    # store_ds (the gradient of the scores: a float mask's gradient before un-broadcasting)
+@kernel
+def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, planes, mask_kind,
+                  causal, offset, scale, key, threshold, drop_scale, dq_parts, dk, dv, dscores,
+                  store_ds):
+    # Work item w of attention_backward_kernel: it owns dk, dv of its key blocks and
+    # dq_parts[split] of its heads
     n_splits = dq_parts.shape[0]
-    n_batch, n_heads, n_rows = lse.shape
+    n_heads, n_rows = lse.shape[1], lse.shape[2]
     n_kv = k.shape[1]
     n_keys_all, width = k.shape[2], k.shape[3]
     vwidth = v.shape[3]
@@ -586,74 +595,92 @@ def attention_backward_kernel(q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, 
     group = n_heads // n_kv
     n_kb = (n_keys_all + BK - 1) // BK
     dtype = q.dtype
-    for w in prange(n_batch * n_kv * n_splits):   # each iteration owns dk, dv of its key
-        b = w // (n_kv * n_splits)                # blocks and dq_parts[split] of its heads
-        g = (w // n_splits) % n_kv
-        split = w % n_splits
-        qs = np.empty(BQ * width, dtype)
-        dos = np.empty(BQ * vwidth, dtype)
-        qc = np.empty(wcols * BQ, dtype)
-        doc = np.empty(vcols * BQ, dtype)
-        wp = np.empty(BK * BQ, dtype)
-        dsp = np.empty(BK * BQ, dtype)
-        dsq = np.empty(BQ * BK, dtype)
-        lse_r = np.empty(BQ, dtype)
-        inv_r = np.empty(BQ, dtype)
-        d_r = np.empty(BQ, dtype)
-        ts = np.empty((MR, NR), dtype)
-        tdp = np.empty((MR, NR), dtype)
-        kept = np.empty((MR, NR), np.bool_)
-        x = np.empty(TILE, dtype)
-        p = np.empty(TILE, dtype)
-        bits = np.empty(TILE, np.int64)
-        bits32 = np.empty(TILE, np.int32)
-        kb_all = k[ki[b], g]
-        vb_all = v[vi[b], g]
-        dkb = dk[b, g]
-        dvb = dv[b, g]
-        n_own = (n_kb - split + n_splits - 1) // n_splits   # key blocks split, split + n_splits..
-        kt = np.empty((n_own, (BK // NR) * width * NR), dtype)           # each packed once
-        vt = np.empty((n_own, (BK // NR) * vwidth * NR), dtype)
-        kp = np.empty((n_own, ((width + NR - 1) // NR) * BK * NR), dtype)
-        dkt = np.zeros((n_own, wcols, BK), dtype)           # their dk and dv, transposed
-        dvt = np.zeros((n_own, vcols, BK), dtype)
-        for o in range(n_own):
-            j0 = (split + o * n_splits) * BK
-            n_keys = min(BK, n_keys_all - j0)
-            pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt[o])
-            pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt[o])
-            pack_columns(kb_all, j0, n_keys, NR, BK, kp[o])
-        for o0 in range(0, n_own, CHUNK):             # CHUNK key blocks at a time stay in L2
-            for h in range(g * group, (g + 1) * group):
-                bh = b * n_heads + h
-                plane = planes[bh]            # (the unused mask is one plane: index 0)
-                bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
-                fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
-                qh = q[qi[b], h]
-                doh = dout[b, h]
-                dqh = dq_parts[split, b, h]
-                dsh = dscores[b if store_ds else 0, h if store_ds else 0]
-                for i0 in range(0, n_rows, BQ):
-                    rows = min(BQ, n_rows - i0)
-                    if causal and (split + o0 * n_splits) * BK > i0 + rows - 1 + offset:
-                        continue                        # no row of the block sees a key
-                    pack_query_block(qh, doh, out[b, h], lse[b, h], norm[b, h], i0, rows,
-                                     scale, qs, dos, qc, doc, lse_r, inv_r, d_r)
-                    for o in range(o0, min(o0 + CHUNK, n_own)):
-                        j0 = (split + o * n_splits) * BK
-                        if causal and j0 > i0 + rows - 1 + offset:
-                            continue
-                        backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt[o],
-                                      vt[o], kp[o], j0, min(BK, n_keys_all - j0), width, vwidth,
-                                      n_keys_all, dqh, dkt[o], dvt[o], bplane, fplane,
-                                      mask_kind, causal, offset, key, threshold, drop_scale,
-                                      bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq,
-                                      ts, tdp, kept, x, p, bits32, bits)
-        for o in range(n_own):
-            j0 = (split + o * n_splits) * BK
-            n_keys = min(BK, n_keys_all - j0)
-            for j in range(n_keys):
-                for c in range(width):
-                    dkb[j0 + j, c] = dkt[o, c, j] * scale
-                for c in range(vwidth):
-                    dvb[j0 + j, c] = dvt[o, c, j]
+    b = w // (n_kv * n_splits)
+    g = (w // n_splits) % n_kv
+    split = w % n_splits
+    qs = np.empty(BQ * width, dtype)
+    dos = np.empty(BQ * vwidth, dtype)
+    qc = np.empty(wcols * BQ, dtype)
+    doc = np.empty(vcols * BQ, dtype)
+    wp = np.empty(BK * BQ, dtype)
+    dsp = np.empty(BK * BQ, dtype)
+    dsq = np.empty(BQ * BK, dtype)
+    lse_r = np.empty(BQ, dtype)
+    inv_r = np.empty(BQ, dtype)
+    d_r = np.empty(BQ, dtype)
+    ts = np.empty((MR, NR), dtype)
+    tdp = np.empty((MR, NR), dtype)
+    kept = np.empty((MR, NR), np.bool_)
+    x = np.empty(TILE, dtype)
+    p = np.empty(TILE, dtype)
+    bits = np.empty(TILE, np.int64)
+    bits32 = np.empty(TILE, np.int32)
+    kb_all = k[ki[b], g]
+    vb_all = v[vi[b], g]
+    dkb = dk[b, g]
+    dvb = dv[b, g]
+    n_own = (n_kb - split + n_splits - 1) // n_splits   # key blocks split, split + n_splits..
+    kt = np.empty((n_own, (BK // NR) * width * NR), dtype)           # each packed once
+    vt = np.empty((n_own, (BK // NR) * vwidth * NR), dtype)
+    kp = np.empty((n_own, ((width + NR - 1) // NR) * BK * NR), dtype)
+    dkt = np.zeros((n_own, wcols, BK), dtype)           # their dk and dv, transposed
+    dvt = np.zeros((n_own, vcols, BK), dtype)
+    for o in range(n_own):
+        j0 = (split + o * n_splits) * BK
+        n_keys = min(BK, n_keys_all - j0)
+        pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt[o])
+        pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt[o])
+        pack_columns(kb_all, j0, n_keys, NR, BK, kp[o])
+    for o0 in range(0, n_own, CHUNK):             # CHUNK key blocks at a time stay in L2
+        for h in range(g * group, (g + 1) * group):
+            bh = b * n_heads + h
+            plane = planes[bh]            # (the unused mask is one plane: index 0)
+            bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
+            fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
+            qh = q[qi[b], h]
+            doh = dout[b, h]
+            dqh = dq_parts[split, b, h]
+            dsh = dscores[b if store_ds else 0, h if store_ds else 0]
+            for i0 in range(0, n_rows, BQ):
+                rows = min(BQ, n_rows - i0)
+                if causal and (split + o0 * n_splits) * BK > i0 + rows - 1 + offset:
+                    continue                        # no row of the block sees a key
+                pack_query_block(qh, doh, out[b, h], lse[b, h], norm[b, h], i0, rows,
+                                 scale, qs, dos, qc, doc, lse_r, inv_r, d_r)
+                for o in range(o0, min(o0 + CHUNK, n_own)):
+                    j0 = (split + o * n_splits) * BK
+                    if causal and j0 > i0 + rows - 1 + offset:
+                        continue
+                    backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt[o],
+                                  vt[o], kp[o], j0, min(BK, n_keys_all - j0), width, vwidth,
+                                  n_keys_all, dqh, dkt[o], dvt[o], bplane, fplane,
+                                  mask_kind, causal, offset, key, threshold, drop_scale,
+                                  bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq,
+                                  ts, tdp, kept, x, p, bits32, bits)
+    for o in range(n_own):
+        j0 = (split + o * n_splits) * BK
+        n_keys = min(BK, n_keys_all - j0)
+        for j in range(n_keys):
+            for c in range(width):
+                dkb[j0 + j, c] = dkt[o, c, j] * scale
+            for c in range(vwidth):
+                dvb[j0 + j, c] = dvt[o, c, j]
+
+
+@parallel_items(backward_item)
+def attention_backward_kernel(item, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask,
+                              planes, mask_kind, causal, offset, scale, key, threshold,
+                              drop_scale, dq_parts, dk, dv, dscores, store_ds):
+    # q, k, v, qi, ki, vi, masks as forward; dout, out (B, H, L, Ev), lse (B, H, L), norm
+    # (B, H, L): each row's Σ_j exp(s_j - lse), 1 unless lse lost log l to rounding ->
+    # dq_parts (n_splits, B, H, L, E) unscaled (the caller sums the splits and scales),
+    # dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, dscores (B, H, L, S) if
+    # store_ds (the gradient of the scores: a float mask's gradient before un-broadcasting).
+    # Each work item (backward_item, passed as `item`) owns the dk and dv of its key blocks
+    # and dq_parts[split] of its heads.
+    n_splits = dq_parts.shape[0]
+    n_batch, n_kv = lse.shape[0], k.shape[1]
+    for w in prange(n_batch * n_kv * n_splits):
+        item(np.int64(w), q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, planes,
+             mask_kind, causal, offset, scale, key, threshold, drop_scale, dq_parts, dk, dv,
+             dscores, store_ds)

@@ -14,8 +14,10 @@ Edges: x < -708 (where 2^t would leave float64's normal range) and x = -inf give
 NaN. x > 0 is outside the contract (softmax only ever exponentiates x - max(x) <= 0).
 """
 import numpy as np
+from numba import types
+from numba.extending import overload
 
-from .._jit import fma_kernel, kernel
+from .._jit import OVERLOAD_OPTIONS, fma_kernel
 
 LOG2E = 1.4426950408889634
 LN2_HI = 6.93147180369123816490e-01   # ln 2 to 32 bits: t·LN2_HI is exact for |t| < 2^21
@@ -134,21 +136,34 @@ def exp_shifted(x, shift, out, bits):
         out[k] = out[k] * scale[k]
 
 
-@kernel
 def exp_shifted_native(x, shift, out, bits32, bits64):
     # exp_shifted in the arithmetic of x's dtype: float32 x -> exp_shifted_f32 (bits32 int32
-    # scratch), float64 x -> exp_shifted (bits64 int64 scratch). The test is decided when the
-    # kernel compiles: 1 + 1e-10 rounds to 1 in float32 only.
-    if x.dtype.type(1) + x.dtype.type(1e-10) == x.dtype.type(1):
+    # scratch), float64 x -> exp_shifted (bits64 int64 scratch). In compiled code the choice is
+    # made by the type (the overload below), so only the one form compiles; an `if` on the
+    # dtype inside a kernel would type and compile both. This body runs without the JIT.
+    if x.dtype == np.float32:
         exp_shifted_f32(x, shift, out, bits32)
     else:
         exp_shifted(x, shift, out, bits64)
 
 
-@kernel
 def exp_nonpositive_native(x, out, bits32, bits64):
     # exp_nonpositive in the arithmetic of x's dtype, as exp_shifted_native
-    if x.dtype.type(1) + x.dtype.type(1e-10) == x.dtype.type(1):
+    if x.dtype == np.float32:
         exp_nonpositive_f32(x, out, bits32)
     else:
         exp_nonpositive(x, out, bits64)
+
+
+@overload(exp_shifted_native, jit_options=OVERLOAD_OPTIONS)
+def _exp_shifted_native(x, shift, out, bits32, bits64):
+    if x.dtype == types.float32:
+        return lambda x, shift, out, bits32, bits64: exp_shifted_f32(x, shift, out, bits32)
+    return lambda x, shift, out, bits32, bits64: exp_shifted(x, shift, out, bits64)
+
+
+@overload(exp_nonpositive_native, jit_options=OVERLOAD_OPTIONS)
+def _exp_nonpositive_native(x, out, bits32, bits64):
+    if x.dtype == types.float32:
+        return lambda x, out, bits32, bits64: exp_nonpositive_f32(x, out, bits32)
+    return lambda x, out, bits32, bits64: exp_nonpositive(x, out, bits64)
