@@ -178,8 +178,9 @@ def child_cold(dtypes, jobs=1):
     kernels = []
     parallel = warmup.parallel_kernels()
     dispatchers = {name: k.dispatcher for name, k in parallel.items()}
-    dispatchers.update({f"{name} (its work item)": k.item for name, k in parallel.items()
-                        if isinstance(k, ItemKernel)})            # (compiled apart: _jit)
+    dispatchers.update({f"{name} ({item.py_func.__name__})": item              # compiled
+                        for name, k in parallel.items() if isinstance(k, ItemKernel)  # apart:
+                        for item in k.items})                                         # _jit
     for name, dispatcher in dispatchers.items():
         for sig, result in dispatcher.overloads.items():
             timers = (result.metadata or {}).get("timers", {})

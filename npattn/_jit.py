@@ -185,68 +185,72 @@ class _Body:
 
 
 class ItemKernel(ThreadSafeKernel):
-    """A parallel loop over work items whose body is a serial kernel passed to the loop as a
-    first-class function; called as ``kernel(*args)`` (the body is put first).
+    """A parallel loop over work items whose bodies are serial kernels passed to the loop as
+    first-class functions; called as ``kernel(*args)`` (the bodies are put first).
 
     Why: Numba links the code of every serial kernel a kernel calls into the caller's library
     and runs LLVM's whole O3 pipeline over it again there -- and a ``prange`` kernel is two
     such libraries (its gufunc and the wrapper that launches it). For the attention kernels
     that re-optimisation was about half of their 25-29 s compile. A function passed as an
-    argument is called through its address, not linked: the loop compiles in ~1 s, the body
+    argument is called through its address, not linked: the loop compiles in ~1 s, each body
     once, into its own cached library. The results are the same bits (tested), and the
     attention backward came out faster (its item is optimised as a function of its own).
 
-    How: for each new combination of argument types, the body is compiled (or loaded from the
-    disk cache) for ``void(int64, *argument types)`` and wrapped as a first-class function
+    How: for each new combination of argument types, each body is compiled (or loaded from
+    the disk cache) for ``void(int64, *argument types)`` and wrapped as a first-class function
     value holding its address (:class:`_Body`), kept per :func:`_arg_key` of the arguments,
-    so that a call costs a dictionary look-up; the loop compiles (or loads) as usual for that
-    function type and the arguments. (Passed the body's dispatcher instead, Numba would type
-    it as itself and build a version that links it.)
+    so that a call costs a dictionary look-up; the loop compiles (or loads) as usual for those
+    function types and the arguments. (Passed a body's dispatcher instead, Numba would type it
+    as itself and build a version that links it.)
     """
 
-    def __init__(self, dispatcher, item):
+    def __init__(self, dispatcher, items):
         super().__init__(dispatcher)
-        self.item = item
-        self._uncached_item = None
-        self._bodies = {}                 # (loop, argument keys) -> the body as a function value
+        self.items = items
+        self._uncached_items = None
+        self._bodies = {}          # (loop, argument keys) -> the bodies as function values
 
     def _targets(self):
         loop = self._target()
         if loop is self.dispatcher:
-            return loop, self.item
-        if self._uncached_item is None:   # SLP off: the body must not reach the cache either
-            self._uncached_item = njit(**{**OPTIONS, "cache": False})(self.item.py_func)
-        return loop, self._uncached_item
+            return loop, self.items
+        if self._uncached_items is None:  # SLP off: the bodies must not reach the cache either
+            self._uncached_items = tuple(njit(**{**OPTIONS, "cache": False})(item.py_func)
+                                         for item in self.items)
+        return loop, self._uncached_items
 
     @staticmethod
-    def _body(loop, item, args):
-        """The body compiled (or loaded from the disk cache) for these arguments' types, as a
-        function value; the loop then compiles for it on its own (its type is a FunctionType
-        with exactly the types the loop's call passes)."""
+    def _bodies_for(loop, items, args):
+        """Each body compiled (or loaded from the disk cache) for these arguments' types, as a
+        function value; the loop then compiles for them on its own (each one's type is a
+        FunctionType with exactly the types the loop's calls pass)."""
         signature = types.void(types.int64, *(loop.typeof_pyval(a) for a in args))
-        item.compile(signature)
-        return _Body(item.overloads[signature.args])
+        bodies = []
+        for item in items:
+            item.compile(signature)
+            bodies.append(_Body(item.overloads[signature.args]))
+        return tuple(bodies)
 
     def __call__(self, *args):
-        loop, item = self._targets()
+        loop, items = self._targets()
         if not hasattr(loop, "compile"):                  # NUMBA_DISABLE_JIT: plain Python
-            return loop(item, *args)
+            return loop(*items, *args)
         key = (loop,) + tuple(map(_arg_key, args))
-        body = self._bodies.get(key)
-        if body is None:
-            body = self._bodies[key] = self._body(loop, item, args)
+        bodies = self._bodies.get(key)
+        if bodies is None:
+            bodies = self._bodies[key] = self._bodies_for(loop, items, args)
         if _launches_may_overlap():
-            return loop(body, *args)
+            return loop(*bodies, *args)
         with _launch_lock:
-            return loop(body, *args)
+            return loop(*bodies, *args)
 
 
-def parallel_items(item):
-    """A ``prange`` loop over work items whose body is the serial kernel ``item``: see
-    :class:`ItemKernel`. The decorated loop takes ``item`` as its first parameter and calls it
-    as ``item(np.int64(w), *the other parameters)``; callers pass only the others."""
+def parallel_items(*items):
+    """A ``prange`` kernel whose loop bodies are the serial kernels ``items``: see
+    :class:`ItemKernel`. The decorated function takes the items as its first parameters and
+    calls each as ``item(np.int64(w), *the other parameters)``; callers pass only the others."""
     def decorate(loop):
-        return ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), item)
+        return ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), items)
     return decorate
 
 

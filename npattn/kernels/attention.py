@@ -273,7 +273,7 @@ def panel_softmax(pt, n_keys, m, l, ot, vs, e, bits32, bits, stats, tile, first,
                   key, threshold, drop_scale, dropout):
     # One query panel (NR queries) through one key block. pt (FORWARD_BK·NR) holds the panel's
     # masked scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the running max; ot
-    # (Ev', NR) the running output transposed, whose row `ones` (see forward_rows) holds the
+    # (Ev', NR) the running output transposed, whose row `ones` (see forward_item) holds the
     # running sum l; vs the block's values as MR-column strips, plus that row of ones. Every
     # loop below runs along the NR queries: one vector of float32. With dropout, the ones row
     # would sum the dropped probabilities: the pre-dropout sum goes to l (NR,) instead.
@@ -321,14 +321,57 @@ def ones_row(vs, row, n_keys):
 
 
 @kernel
-def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset, scale,
-                 key, threshold, drop_scale, first, oh, lseh, mh, lh, wh, store_weights):
-    # One work item: query rows i0 .. i0 + rows of one head. qh (L, E), kh (S, E), vh (S, Ev)
-    # -> oh (L, Ev), lseh (L,), the softmax's row max mh and (pre-dropout) row sum lh (L,)
-    # with lse = m + log l, and, if store_weights, wh (L, S). `first` is the dropout index
-    # of weight (i, j) = (0, 0) of this head. The scores are computed transposed -- tiles of
-    # MR keys × NR queries, kᵀ-strip by q-panel -- so that each tile row is a contiguous row
-    # of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the softmax runs across queries.
+def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, dropout):
+    # wh rows i0 .. i0 + rows hold masked scores for keys < end: turn them into the weights
+    # exp(s - lse) (∘ keep / (1 - p)); keys from `end` on were never visible: 0.
+    n_keys_all = wh.shape[1]
+    zero = wh.dtype.type(0)
+    x = np.empty(end, wh.dtype)
+    bits = np.empty(end, np.int64)
+    bits32 = np.empty(end, np.int32)
+    for r in range(rows):
+        i = i0 + r
+        wrow = wh[i]
+        shift = lseh[i] if lseh[i] != -np.inf else wh.dtype.type(np.inf)
+        for j in range(end):
+            x[j] = wrow[j] - shift
+        exp_nonpositive_native(x, wrow[:end], bits32, bits)
+        if dropout:
+            for j in range(end):
+                kept = keep(key, first + i * n_keys_all + j, threshold)
+                wrow[j] = wrow[j] * drop_scale if kept else zero
+        wrow[end:] = zero
+
+
+@kernel
+def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal, offset, scale,
+                 key, threshold, drop_scale, out, lse, row_max, row_sum, weights, store_weights,
+                 block_rows):
+    # Work item w of attention_forward_kernel: query rows i0 .. i0 + rows of one head,
+    # qh (L, E), kh (S, E), vh (S, Ev) -> oh (L, Ev), lseh (L,), the softmax's row max mh and
+    # (pre-dropout) row sum lh (L,) with lse = m + log l, and, if store_weights, wh (L, S).
+    # `first` is the dropout index of weight (i, j) = (0, 0) of this head. The scores are
+    # computed transposed -- tiles of MR keys × NR queries, kᵀ-strip by q-panel -- so that each
+    # tile row is a contiguous row of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the
+    # softmax runs across queries. (One function with the loop's arguments: each level of
+    # calls is optimised again where it is linked -- see _jit.ItemKernel.)
+    n_heads, n_rows = lse.shape[1], lse.shape[2]
+    n_qb = (n_rows + block_rows - 1) // block_rows
+    bh = w // n_qb
+    b = bh // n_heads
+    h = bh % n_heads
+    t = w % n_qb                                   # zig-zag: under causal masking block t
+    qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
+    i0 = qb * block_rows
+    rows = min(block_rows, n_rows - i0)
+    plane = planes[bh]                             # (the unused mask is one plane: index 0)
+    bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
+    fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
+    group = n_heads // k.shape[1]
+    qh, kh, vh = q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group]
+    oh, lseh, mh, lh = out[b, h], lse[b, h], row_max[b, h], row_sum[b, h]
+    wh = weights[b if store_weights else 0, h if store_weights else 0]
+    first = bh * n_rows * k.shape[2]
     n_keys_all, width = kh.shape
     n_vcols = vh.shape[1]
     ones = n_vcols                                         # the row of oᵀ that sums p
@@ -396,55 +439,6 @@ def forward_rows(qh, kh, vh, i0, rows, bplane, fplane, mask_kind, causal, offset
             lseh[i] = m[r] + math.log(l[r])
     if store_weights:
         finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, dropout)
-
-
-@kernel
-def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, dropout):
-    # wh rows i0 .. i0 + rows hold masked scores for keys < end: turn them into the weights
-    # exp(s - lse) (∘ keep / (1 - p)); keys from `end` on were never visible: 0.
-    n_keys_all = wh.shape[1]
-    zero = wh.dtype.type(0)
-    x = np.empty(end, wh.dtype)
-    bits = np.empty(end, np.int64)
-    bits32 = np.empty(end, np.int32)
-    for r in range(rows):
-        i = i0 + r
-        wrow = wh[i]
-        shift = lseh[i] if lseh[i] != -np.inf else wh.dtype.type(np.inf)
-        for j in range(end):
-            x[j] = wrow[j] - shift
-        exp_nonpositive_native(x, wrow[:end], bits32, bits)
-        if dropout:
-            for j in range(end):
-                kept = keep(key, first + i * n_keys_all + j, threshold)
-                wrow[j] = wrow[j] * drop_scale if kept else zero
-        wrow[end:] = zero
-
-
-@kernel
-def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal, offset, scale,
-                 key, threshold, drop_scale, out, lse, row_max, row_sum, weights, store_weights,
-                 block_rows):
-    # Work item w of attention_forward_kernel: block_rows query rows of one head
-    n_batch, n_heads, n_rows = lse.shape
-    n_keys = k.shape[2]
-    group = n_heads // k.shape[1]
-    n_qb = (n_rows + block_rows - 1) // block_rows
-    bh = w // n_qb
-    b = bh // n_heads
-    h = bh % n_heads
-    t = w % n_qb                                   # zig-zag: under causal masking block t
-    qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
-    i0 = qb * block_rows
-    plane = planes[bh]                             # (the unused mask is one plane: index 0)
-    bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
-    fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
-    wb = b if store_weights else 0
-    wh_ = h if store_weights else 0
-    forward_rows(q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group], i0,
-                 min(block_rows, n_rows - i0), bplane, fplane, mask_kind, causal, offset,
-                 scale, key, threshold, drop_scale, bh * n_rows * n_keys, out[b, h],
-                 lse[b, h], row_max[b, h], row_sum[b, h], weights[wb, wh_], store_weights)
 
 
 @parallel_items(forward_item)

@@ -53,7 +53,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .._jit import fma_kernel, kernel, parallel_kernel
+from .._jit import fma_kernel, kernel, parallel_items, parallel_kernel
 from ._gemm_micro import MR, NR
 from ._gemm_micro import micro_kernel as _micro_source
 
@@ -142,63 +142,96 @@ def block_product(ap, panels, kc, ct, r0, rows, out):
                         crow[j] += out[i, j]
 
 
-@parallel_kernel
-def gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
-    # a (Ba, M, K), or (Ba, K, M) if trans_a · b (Bb, K, N), or (Bb, N, K) if trans_b
-    # -> c (T, M, N); bias (N,) or (0,) for none; bp: packing space for all of op(B)
+@kernel
+def pack_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
+    # Work item w of gemm_kernel's first loop: packed panel w of op(B), bp[((ib · n_kb + kb)
+    # · n_panels + panel) · KC · NR + p · NR + j]
+    n_cols = c.shape[2]
+    n_inner = b.shape[2] if trans_b else b.shape[1]
+    n_kb = (n_inner + KC - 1) // KC
+    n_panels = (n_cols + NR - 1) // NR
+    panel_size = KC * NR
+    kb = (w // n_panels) % n_kb
+    j0 = (w % n_panels) * NR
+    pack_b_panel(b, w // (n_kb * n_panels), trans_b, kb * KC, min(KC, n_inner - kb * KC),
+                 j0, min(NR, n_cols - j0), bp[w * panel_size:(w + 1) * panel_size])
+
+
+@kernel
+def rows_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
+    # Work item w of gemm_kernel's second loop: C[t, i0:i0 + rows] from packed A blocks and
+    # the packed op(B)
     n_batch, n_rows, n_cols = c.shape
     n_inner = b.shape[2] if trans_b else b.shape[1]
     n_kb = (n_inner + KC - 1) // KC
     n_panels = (n_cols + NR - 1) // NR
     panel_size = KC * NR
-    # pack all of op(B): bp[((ib * n_kb + kb) * n_panels + panel) * KC * NR + p * NR + j]
-    for w in prange(b.shape[0] * n_kb * n_panels):    # each iteration owns one packed panel
-        kb = (w // n_panels) % n_kb
-        j0 = (w % n_panels) * NR
-        pack_b_panel(b, w // (n_kb * n_panels), trans_b, kb * KC, min(KC, n_inner - kb * KC),
-                     j0, min(NR, n_cols - j0), bp[w * panel_size:(w + 1) * panel_size])
     n_mb = (n_rows + mc - 1) // mc
-    for w in prange(n_batch * n_mb):                 # each iteration owns C[t, i0:i0 + rows]
-        t = w // n_mb
-        i0 = (w % n_mb) * mc
-        rows = min(mc, n_rows - i0)
-        ap = np.empty(mc * KC, c.dtype)             # the packed A block of this item
-        out = np.empty((MR, NR), c.dtype)           # one micro-kernel tile
-        start_rows(c[t], i0, rows, bias, accumulate)
-        for kb in range(n_kb):
-            kc = min(KC, n_inner - kb * KC)
-            pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
-            first = (b_index[t] * n_kb + kb) * n_panels * panel_size
-            block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out)
+    t = w // n_mb
+    i0 = (w % n_mb) * mc
+    rows = min(mc, n_rows - i0)
+    ap = np.empty(mc * KC, c.dtype)             # the packed A block of this item
+    out = np.empty((MR, NR), c.dtype)           # one micro-kernel tile
+    start_rows(c[t], i0, rows, bias, accumulate)
+    for kb in range(n_kb):
+        kc = min(KC, n_inner - kb * KC)
+        pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
+        first = (b_index[t] * n_kb + kb) * n_panels * panel_size
+        block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out)
 
 
-@parallel_kernel
-def batched_gemm_kernel(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc):
-    # The same product when there are many output batches: each iteration owns one whole C[t]
-    # and packs its own B, one K block at a time, into a buffer that stays in cache -- instead
-    # of packing all of B up front (for a batched backward, a copy of a 32 MiB operand).
-    # The sums run in the same order as gemm_kernel's: the same bits.
+@parallel_items(pack_item, rows_item)
+def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
+                bp):
+    # a (Ba, M, K), or (Ba, K, M) if trans_a · b (Bb, K, N), or (Bb, N, K) if trans_b
+    # -> c (T, M, N); bias (N,) or (0,) for none; bp: packing space for all of op(B). First
+    # all of op(B) is packed, each item (pack_item, passed as `pack`) owning one panel; then
+    # each item (rows_item, as `block`) owns a block of mc rows of one C[t].
+    n_batch, n_rows, n_cols = c.shape
+    n_inner = b.shape[2] if trans_b else b.shape[1]
+    n_kb = (n_inner + KC - 1) // KC
+    n_panels = (n_cols + NR - 1) // NR
+    for w in prange(b.shape[0] * n_kb * n_panels):
+        pack(np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp)
+    n_mb = (n_rows + mc - 1) // mc
+    for w in prange(n_batch * n_mb):
+        block(np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
+              bp)
+
+
+@kernel
+def batch_item(t, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc):
+    # Work item t of batched_gemm_kernel: all of C[t]
     n_batch, n_rows, n_cols = c.shape
     n_inner = b.shape[2] if trans_b else b.shape[1]
     n_kb = (n_inner + KC - 1) // KC
     n_panels = (n_cols + NR - 1) // NR
     panel_size = KC * NR
-    for t in prange(n_batch):                        # each iteration owns C[t]
-        panels = np.empty(n_panels * panel_size, c.dtype)
-        ap = np.empty(mc * KC, c.dtype)
-        out = np.empty((MR, NR), c.dtype)
-        start_rows(c[t], 0, n_rows, bias, accumulate)
-        for kb in range(n_kb):
-            k0 = kb * KC
-            kc = min(KC, n_inner - k0)
-            for panel in range(n_panels):
-                j0 = panel * NR
-                pack_b_panel(b, b_index[t], trans_b, k0, kc, j0, min(NR, n_cols - j0),
-                             panels[panel * panel_size:(panel + 1) * panel_size])
-            for i0 in range(0, n_rows, mc):
-                rows = min(mc, n_rows - i0)
-                pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
-                block_product(ap, panels, kc, c[t], i0, rows, out)
+    panels = np.empty(n_panels * panel_size, c.dtype)
+    ap = np.empty(mc * KC, c.dtype)
+    out = np.empty((MR, NR), c.dtype)
+    start_rows(c[t], 0, n_rows, bias, accumulate)
+    for kb in range(n_kb):
+        k0 = kb * KC
+        kc = min(KC, n_inner - k0)
+        for panel in range(n_panels):
+            j0 = panel * NR
+            pack_b_panel(b, b_index[t], trans_b, k0, kc, j0, min(NR, n_cols - j0),
+                         panels[panel * panel_size:(panel + 1) * panel_size])
+        for i0 in range(0, n_rows, mc):
+            rows = min(mc, n_rows - i0)
+            pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
+            block_product(ap, panels, kc, c[t], i0, rows, out)
+
+
+@parallel_items(batch_item)
+def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc):
+    # The same product when there are many output batches: each item (batch_item) owns one
+    # whole C[t] and packs its own B, one K block at a time, into a buffer that stays in cache
+    # -- instead of packing all of B up front (for a batched backward, a copy of a 32 MiB
+    # operand). The sums run in the same order as gemm_kernel's: the same bits.
+    for t in prange(c.shape[0]):
+        item(np.int64(t), a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc)
 
 
 @kernel
