@@ -70,13 +70,18 @@ def _jit(options):
     read-only install run by a user without a writable home) ``njit(cache=True)`` raises
     RuntimeError and the import fails. Here the dispatcher is built without the cache and the
     cache enabled afterwards as Numba's decorator does (``enable_caching``), where it can be.
+
+    With the SLP vectoriser off when npattn is imported (``NUMBA_SLP_VECTORIZE=0``) no kernel
+    gets the cache: a serial kernel compiled then -- the micro-kernel, say, compiled with the
+    parallel kernel that calls it -- would otherwise be written to the cache and linked, slow,
+    into kernels compiled later by processes that have SLP.
     """
     options = dict(options)
     cache = options.pop("cache", False)
 
     def decorate(func):
         dispatcher = njit(**options)(func)
-        if cache and hasattr(dispatcher, "enable_caching"):   # (not under NUMBA_DISABLE_JIT)
+        if cache and slp_enabled() and hasattr(dispatcher, "enable_caching"):   # (not under NUMBA_DISABLE_JIT)
             try:
                 dispatcher.enable_caching()
             except RuntimeError:      # no locator: no writable cache directory for this file
