@@ -143,13 +143,18 @@ def block_product(ap, panels, kc, ct, r0, rows, out):
 
 
 @kernel
+def op_b_blocks(b, trans_b, n_cols):
+    # (K, its blocks of KC, the panels of NR columns) of op(B) for n_cols columns of C
+    n_inner = b.shape[2] if trans_b else b.shape[1]
+    return n_inner, (n_inner + KC - 1) // KC, (n_cols + NR - 1) // NR
+
+
+@kernel
 def pack_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
     # Work item w of gemm_kernel's first loop: packed panel w of op(B), bp[((ib · n_kb + kb)
     # · n_panels + panel) · KC · NR + p · NR + j]
     n_cols = c.shape[2]
-    n_inner = b.shape[2] if trans_b else b.shape[1]
-    n_kb = (n_inner + KC - 1) // KC
-    n_panels = (n_cols + NR - 1) // NR
+    n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     panel_size = KC * NR
     kb = (w // n_panels) % n_kb
     j0 = (w % n_panels) * NR
@@ -162,9 +167,7 @@ def rows_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, 
     # Work item w of gemm_kernel's second loop: C[t, i0:i0 + rows] from packed A blocks and
     # the packed op(B)
     n_batch, n_rows, n_cols = c.shape
-    n_inner = b.shape[2] if trans_b else b.shape[1]
-    n_kb = (n_inner + KC - 1) // KC
-    n_panels = (n_cols + NR - 1) // NR
+    n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     panel_size = KC * NR
     n_mb = (n_rows + mc - 1) // mc
     t = w // n_mb
@@ -188,9 +191,7 @@ def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, 
     # all of op(B) is packed, each item (pack_item, passed as `pack`) owning one panel; then
     # each item (rows_item, as `block`) owns a block of mc rows of one C[t].
     n_batch, n_rows, n_cols = c.shape
-    n_inner = b.shape[2] if trans_b else b.shape[1]
-    n_kb = (n_inner + KC - 1) // KC
-    n_panels = (n_cols + NR - 1) // NR
+    n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     for w in prange(b.shape[0] * n_kb * n_panels):
         pack(np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp)
     n_mb = (n_rows + mc - 1) // mc
@@ -203,9 +204,7 @@ def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, 
 def batch_item(t, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc):
     # Work item t of batched_gemm_kernel: all of C[t]
     n_batch, n_rows, n_cols = c.shape
-    n_inner = b.shape[2] if trans_b else b.shape[1]
-    n_kb = (n_inner + KC - 1) // KC
-    n_panels = (n_cols + NR - 1) // NR
+    n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     panel_size = KC * NR
     panels = np.empty(n_panels * panel_size, c.dtype)
     ap = np.empty(mc * KC, c.dtype)
