@@ -14,7 +14,10 @@ cases that are plotted, the size for the x-axis::
                      plot=("gemm", short(dtype), n))
 
 ``python -m benchmarks`` runs every size of ``sizes``; ``--quick`` runs the ``quick`` sizes.
-The cases live in ``bench_<op>.py``, one per functional file, and register on import.
+The cases live in ``bench_<op>.py``, one per functional file, and register on import. Every
+implementation of a case returns the same arrays in the same order (nested tuples are
+flattened): the forward's output, then for fwd+bwd cases the gradients. Before timing, the
+peers' results are checked against npattn's (``timing.check_agreement``).
 """
 from dataclasses import dataclass, field
 
@@ -95,7 +98,8 @@ def torch_forward(torch, fn, *arrays):
 
 
 def torch_forward_backward(torch, fn, dout, *arrays):
-    """``fn`` forward, then autograd's gradients for every input given upstream ``dout``.
+    """``fn`` forward, then autograd's gradients for every input given upstream ``dout``;
+    returns (output, gradients), as the other implementations of a fwd+bwd case do.
 
     ``torch.autograd.grad`` returns fresh gradients instead of accumulating into ``.grad``, so
     every call does the same work.
@@ -106,5 +110,6 @@ def torch_forward_backward(torch, fn, dout, *arrays):
     grad = torch.from_numpy(dout)
 
     def call():
-        return torch.autograd.grad(fn(*tensors), tensors, grad)
+        out = fn(*tensors)
+        return out, torch.autograd.grad(out, tensors, grad)
     return call

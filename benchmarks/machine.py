@@ -37,6 +37,13 @@ def simd_flags():
     return [name for name in SIMD if features.get(name)]
 
 
+def register_tiles():
+    """npattn's instruction set in force and its GEMM register tile per dtype (MR×NR)."""
+    from npattn.kernels import tiles
+    isa = tiles.isa_in_force()
+    return {"isa": isa, **{dtype: "{}×{}".format(*tiles.TILES[isa, dtype]) for dtype in tiles.DTYPES}}
+
+
 def git_commit():
     """The repository's commit, with ``+dirty`` when the work tree has changes; None outside git."""
     root = Path(__file__).resolve().parent.parent
@@ -95,6 +102,7 @@ def describe(torch):
         affinity = os.cpu_count()
     return {
         "cpu": cpu_model(), "llvm_cpu": llvmlite.binding.get_host_cpu_name(),
+        "tiles": register_tiles(),
         "cpus": os.cpu_count(), "cpus_usable": affinity, "simd": simd_flags(),
         "platform": platform.platform(), "versions": versions, "git": git_commit(),
         "threads": {"numba": numba.get_num_threads(),

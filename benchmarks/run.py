@@ -315,7 +315,9 @@ def _summary(info, changes, probe, foreign, cold):
     v, threads, blas = info["versions"], info["threads"], info["blas"]
     lines = [
         f"- Machine: {info['cpu']} (LLVM: {info['llvm_cpu']}), {info['cpus']} CPUs "
-        f"({info['cpus_usable']} usable); SIMD: {' '.join(info['simd'])}",
+        f"({info['cpus_usable']} usable); SIMD: {' '.join(info['simd'])}; npattn's tiles: "
+        f"{info['tiles']['isa']} (float32 {info['tiles']['float32']}, "
+        f"float64 {info['tiles']['float64']})",
         f"- Software: Python {v['python']}, npattn {v['npattn']} ({info['git']}), "
         f"NumPy {v['numpy']}, Numba {v['numba']}, llvmlite {v['llvmlite']}, "
         f"PyTorch {v['torch'] or 'absent'}",

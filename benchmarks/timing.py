@@ -2,6 +2,9 @@
 
 1. Warm-up: each implementation is called once, untimed by the rounds; that first call is
    timed on its own, because npattn's compiles (or loads its kernels from Numba's disk cache).
+   Its results are then checked (:func:`check_agreement`): every peer must give what npattn
+   gives, within the dtype's tolerance, or the case fails untimed -- the speed of a wrong
+   answer is no benchmark.
 2. Calibration: each implementation's op is repeated until ``target`` seconds pass; a timed
    *call* is then that many repeats of the op, so quick ops are not measured at the clock's
    resolution. Times are reported per op.
@@ -23,6 +26,8 @@ import math
 import statistics
 import time
 import tracemalloc
+
+import numpy as np
 
 
 def _timed(fn, repeats):
@@ -59,6 +64,51 @@ def peak_bytes(fn):
         tracemalloc.stop()
 
 
+#: Largest difference from npattn's result allowed, relative to the result's largest magnitude.
+#: Loose against rounding (sums of up to 4096 terms in float32) and tight against a wrong
+#: answer: a wrong mask, scale, transpose or gradient is off by O(1).
+AGREEMENT = {"float16": 1e-2, "float32": 1e-3, "float64": 1e-9}
+
+
+def _arrays(value):
+    """The arrays of an implementation's result, in order: nested tuples and lists flattened,
+    PyTorch tensors converted."""
+    if isinstance(value, (tuple, list)):
+        return [a for item in value for a in _arrays(item)]
+    if hasattr(value, "detach"):                      # a torch.Tensor
+        value = value.detach().numpy()
+    return [value]
+
+
+def check_agreement(outputs, reference="npattn"):
+    """Raise ValueError unless every result in ``outputs`` ({implementation: result}) holds the
+    same arrays as ``outputs[reference]``: same count, shapes and dtype class, and values within
+    ``AGREEMENT[dtype] · max|reference|`` of it. Returns {implementation: worst relative error}."""
+    if reference not in outputs:
+        return {}
+    want = [np.asarray(a) for a in _arrays(outputs[reference])]
+    worst = {}
+    for name, result in outputs.items():
+        if name == reference:
+            continue
+        got = [np.asarray(a) for a in _arrays(result)]
+        if [a.shape for a in got] != [a.shape for a in want]:
+            raise ValueError(f"{name} returned arrays of shapes {[a.shape for a in got]}, "
+                             f"{reference} {[a.shape for a in want]}: not the same result")
+        worst[name] = 0.0
+        for i, (g, w) in enumerate(zip(got, want)):
+            scale = float(np.max(np.abs(w))) if w.size else 0.0
+            err = float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0
+            tol = AGREEMENT.get(w.dtype.name, 1e-3) * max(scale, np.finfo(np.float64).tiny)
+            if not err <= tol:                    # (NaN fails too)
+                raise ValueError(f"{name} disagrees with {reference} on result {i} "
+                                 f"(shape {w.shape}, {w.dtype}): max difference {err:.3g} "
+                                 f"> {tol:.3g} (= {AGREEMENT.get(w.dtype.name, 1e-3):g} × "
+                                 f"max|{reference}| {scale:.3g}); not timing a wrong answer")
+            worst[name] = max(worst[name], err / max(scale, np.finfo(np.float64).tiny))
+    return worst
+
+
 def summary(times):
     """Median, quartiles and range of per-op times in seconds."""
     ordered = sorted(times)
@@ -76,11 +126,13 @@ def measure(impls, rounds, target, max_seconds, settle=0.015, memory_of=(), on_w
     ``on_warm(first_call_seconds)`` is called after the warm-up, for progress output.
     """
     names = list(impls)
-    first = {}
+    first, outputs = {}, {}
     for name in names:                                   # warm-up: compiles npattn's kernels
         start = time.perf_counter()
-        impls[name]()
+        outputs[name] = impls[name]()
         first[name] = time.perf_counter() - start
+    agreement = check_agreement(outputs)                 # raises on a wrong answer
+    del outputs
     if on_warm:
         on_warm(first)
     calibration = {}
@@ -101,6 +153,7 @@ def measure(impls, rounds, target, max_seconds, settle=0.015, memory_of=(), on_w
     results = {}
     for name in names:
         results[name] = dict(summary(times[name]), first_call=first[name],
+                             agreement=agreement.get(name),
                              repeats=repeats[name], rounds=rounds_run, times=times[name])
         if name in memory_of:
             results[name]["peak_bytes"] = peak_bytes(impls[name])

@@ -3,7 +3,8 @@
 Options
 -------
 ``cache=True``           compiled kernels are written to disk (next to the module, or to the
-                         user cache directory when the install is read-only) and reloaded.
+                         user cache directory when the install is read-only) and reloaded,
+                         under a key of npattn's own (see "The disk cache" below).
                          Where neither directory is writable, Numba would raise at import
                          ("no locator available"); npattn compiles without the disk cache
                          there instead (see :func:`_jit`): slower first calls, same results.
@@ -17,6 +18,32 @@ Options
                          compiled in this process and the same kernel loaded from Numba's disk
                          cache give different bits (measured: log_softmax rows, 1 ulp) -- and
                          the same inputs must give the same outputs.
+
+The disk cache
+--------------
+Numba keys a kernel's cache entries on its source file: an index file named after the file,
+the function and its line holds one entry per signature and CPU, and is valid while that one
+file's contents are unchanged. That would serve wrong code twice over:
+
+* A kernel has the serial kernels it calls compiled into it, from other files too (the exp of
+  ``kernels/exp.py`` is in softmax's and attention's kernels). Edit the helper, and the cached
+  kernels of the files not edited would still be served, with the old helper inside.
+* One file may be loaded as several module instances: ``kernels/tiles.py`` loads ``gemm.py``
+  once per register tile, as ``npattn.kernels.gemm[avx2-float32]`` and so on, each with its own
+  MR and NR. Their kernels have the same file, name, line and signatures, so Numba would serve
+  one instance's code to the others.
+
+So every kernel gets a :class:`KeyedCache`, Numba's cache with two changes. Its directory is
+the one Numba picks (``NUMBA_CACHE_DIR``, else ``__pycache__`` next to the module, else the
+user cache directory) plus ``npattn-<digest>``, a digest of every source file under
+``kernels/`` and of this one, whose options are compiled in too (:func:`sources_digest`, taken
+in about a millisecond when the first kernel is decorated, once per process). An edit to any of
+them moves every kernel to a new directory: coarse -- it recompiles them all -- but never
+stale. And its file names start with the module's name where Numba puts the file's
+(``npattn.kernels.gemm%5Bavx2-float32%5D.gemm_kernel-…`` for ``gemm.gemm_kernel-…``).
+The directories of earlier sources are left behind (back to those sources, a process finds
+its kernels there again); delete them when you like, ``rm -r npattn/kernels/__pycache__/npattn-*``
+say: whatever is missing is compiled again.
 
 The SLP vectoriser
 ------------------
@@ -48,11 +75,14 @@ all cores, so concurrent callers lose little. Note that GNU OpenMP (``omp``) is 
 fork a child before the first parallel call, or use the ``spawn`` start method.
 """
 import functools
+import hashlib
 import os
 import threading
+import urllib.parse
 
 import numba
 from numba import njit, types
+from numba.core import caching
 
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
@@ -61,15 +91,96 @@ FASTMATH = {"contract", "reassoc"}
 OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 
 
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def sources_digest(package=PACKAGE):
+    """16 hex digits of the SHA-256 of the sources compiled into the kernels: every ``*.py``
+    under ``package``'s ``kernels/``, recursively, and its ``_jit.py``. Each file counts with
+    its path relative to ``package``, in the order of those paths, so that a renamed or moved
+    file changes the digest too."""
+    paths = [os.path.join(package, "_jit.py")]
+    for directory, subdirectories, names in os.walk(os.path.join(package, "kernels")):
+        subdirectories[:] = [d for d in subdirectories if d != "__pycache__"]  # (the cache)
+        paths += [os.path.join(directory, name) for name in names if name.endswith(".py")]
+    digest = hashlib.sha256()
+    for relative, path in sorted((os.path.relpath(p, package).replace(os.sep, "/"), p)
+                                 for p in paths):
+        with open(path, "rb") as source:
+            data = source.read()
+        # the path ends at a NUL (no path has one) and the contents are counted: the bytes
+        # hashed split back into files one way only
+        digest.update(b"%s\0%d\0" % (relative.encode(), len(data)))
+        digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def cache_key():
+    """The directory npattn's kernels cache in, inside the one Numba picks for them:
+    ``npattn-`` and :func:`sources_digest`, computed when the first kernel is decorated."""
+    return f"npattn-{sources_digest()}"
+
+
+class _KeyedLocator:
+    """Mixed into a cache locator of Numba's (:func:`_keyed`): its directory, plus
+    :func:`cache_key`. Numba asks the locator where to read, to write and to create the
+    directory (``ensure_cache_path``), so all three agree."""
+
+    def get_cache_path(self):
+        return os.path.join(super().get_cache_path(), cache_key())
+
+
+@functools.cache
+def _keyed(locator_class):
+    """``locator_class`` with :class:`_KeyedLocator` mixed in, under the same name (it picks
+    the directory as Numba's does, so ``npattn info`` names it as Numba's)."""
+    return type(locator_class.__name__, (_KeyedLocator, locator_class), {"__module__": __name__})
+
+
+class _KeyedCacheImpl(caching.CompileResultCacheImpl):
+    """What :class:`KeyedCache` changes in Numba's: the locators and the file names."""
+
+    # tried in Numba's order, the first whose directory is writable wins
+    _locator_classes = [_keyed(c) for c in caching.CompileResultCacheImpl._locator_classes]
+
+    def __init__(self, py_func):
+        # Numba starts the file names with the source file's name ("gemm.gemm_kernel-57...");
+        # the module's instead, %-escaped: a file name's characters, and no two names alike
+        module = urllib.parse.quote(str(py_func.__module__), safe="")
+        self._fullname = f"{module}.{py_func.__qualname__}"
+        super().__init__(py_func)
+        if not isinstance(self.locator, _KeyedLocator):
+            # NUMBA_CACHE_LOCATOR_CLASSES replaced the list above: key Numba's choice too
+            self._locator.__class__ = _keyed(type(self._locator))
+            try:
+                self._locator.ensure_cache_path()
+            except OSError as error:            # as if no locator were available
+                raise RuntimeError(f"cannot cache {py_func.__qualname__}: "
+                                   f"{self._locator.get_cache_path()} is not writable") from error
+
+    def get_filename_base(self, fullname, abiflags):
+        return super().get_filename_base(self._fullname, abiflags)
+
+
+class KeyedCache(caching.FunctionCache):
+    """Numba's disk cache of one kernel, keyed on the kernels' sources and on the kernel's
+    module instance (see "The disk cache" in the module docstring)."""
+
+    _impl_class = _KeyedCacheImpl
+
+
 def _jit(options):
-    """``njit(**options)`` as a decorator, except that a function no cache directory can hold
-    compiles without the disk cache instead of failing.
+    """``njit(**options)`` as a decorator, with npattn's disk cache (:class:`KeyedCache`) for
+    Numba's, and except that a function no cache directory can hold compiles without the disk
+    cache instead of failing.
 
     Numba looks for a writable directory when the decorator runs (at import): ``__pycache__``
     next to the module, then the user cache directory (``~/.cache/numba``); with neither (a
     read-only install run by a user without a writable home) ``njit(cache=True)`` raises
-    RuntimeError and the import fails. Here the dispatcher is built without the cache and the
-    cache enabled afterwards as Numba's decorator does (``enable_caching``), where it can be.
+    RuntimeError and the import fails. Here the dispatcher is built without the cache and its
+    cache installed afterwards, where it can be, as Numba's decorator does
+    (``enable_caching``) -- but a KeyedCache, not Numba's FunctionCache.
 
     With the SLP vectoriser off when npattn is imported (``NUMBA_SLP_VECTORIZE=0``) no kernel
     gets the cache: a serial kernel compiled then -- the micro-kernel, say, compiled with the
@@ -83,7 +194,7 @@ def _jit(options):
         dispatcher = njit(**options)(func)
         if cache and slp_enabled() and hasattr(dispatcher, "enable_caching"):   # (not under NUMBA_DISABLE_JIT)
             try:
-                dispatcher.enable_caching()
+                dispatcher._cache = KeyedCache(dispatcher.py_func)
             except RuntimeError:      # no locator: no writable cache directory for this file
                 pass                  # the dispatcher keeps its NullCache: compiled per process
         return dispatcher

@@ -25,7 +25,7 @@ from numba.core import caching
 
 from . import __version__, _jit
 from .functional.softmax import softmax
-from .kernels.gemm import micro_kernel
+from .kernels import tiles
 from .kernels.softmax import softmax_forward_kernel
 
 #: CPU features worth knowing for npattn's kernels (LLVM's names; only those LLVM lists for
@@ -110,8 +110,8 @@ def settings():
     options = getattr(dispatcher, "targetoptions", {})    # (a plain function under DISABLE_JIT)
     return dict(slp=_jit.slp_enabled(), slp_env=os.environ.get("NUMBA_SLP_VECTORIZE"),
                 fastmath=_fastmath_flags(options.get("fastmath")),
-                fma_fastmath=_fastmath_flags(getattr(micro_kernel, "targetoptions", {})
-                                             .get("fastmath")),
+                fma_fastmath=_fastmath_flags(getattr(tiles.engine("gemm", np.float32).micro_kernel,
+                                                     "targetoptions", {}).get("fastmath")),
                 jit_fastmath=sorted(_jit.FASTMATH),
                 cache=isinstance(getattr(dispatcher, "_cache", None), caching.FunctionCache),
                 nogil=bool(options.get("nogil")), error_model=options.get("error_model"),
@@ -151,6 +151,15 @@ def cpu():
                 numba_cpu_name=numba.config.CPU_NAME, numba_cpu_features=numba.config.CPU_FEATURES)
 
 
+def register_tiles():
+    """The tile family in force, why, and its MR×NR per dtype (kernels/tiles.py)."""
+    forced = os.environ.get("NPATTN_ISA")
+    isa = tiles.isa_in_force()
+    return dict(isa=isa, host=tiles.host_isa(), forced=forced,
+                tiles={d: f"{tiles.tile(isa, d).mr}×{tiles.tile(isa, d).nr}"
+                       for d in tiles.DTYPES})
+
+
 def environment():
     names = sorted(n for n in os.environ if n.startswith(ENV_PREFIXES))
     return {n: os.environ[n] for n in names}
@@ -171,7 +180,8 @@ def torch_status():
 def collect():
     """Every fact ``npattn info`` prints, as a dict of dicts (one per section)."""
     facts = dict(versions=versions(), threads=threads(), settings=settings())
-    facts.update(cache=kernel_cache(), cpu=cpu(), environment=environment(),
+    facts.update(cache=kernel_cache(), cpu=cpu(), tiles=register_tiles(),
+                 environment=environment(),
                  torch=torch_status())
     return facts
 
@@ -262,6 +272,12 @@ def report(facts, out=None):
          else ""))
     say(f"  SIMD present     {' '.join(p['present']) or '-'}")
     say(f"  SIMD absent      {' '.join(p['absent']) or '-'}")
+    r = facts["tiles"]
+    why = (f"NPATTN_ISA={r['forced']}; the host's would be {r['host']}" if r["forced"]
+           else "from the CPU features; NPATTN_ISA=avx2|avx512 forces one")
+    say(f"  register tiles   {r['isa']} ({why})")
+    say("                   " + ", ".join(f"{d} {t}" for d, t in r["tiles"].items()) +
+        "  (MR×NR, the GEMM micro-kernel's)")
 
     say()
     say("Environment (variables that change NumPy's BLAS or Numba)")

@@ -10,7 +10,9 @@ written to Numba's disk cache, from which every later process loads it in millis
 this once where the cache will live -- a container image's build step, a CI job before its cache
 is saved -- and no process started afterwards compiles anything. The cache is where Numba puts
 it: ``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` next to the kernels, else (a read-only
-install) the user cache directory, ``~/.cache/numba``.
+install) the user cache directory, ``~/.cache/numba``. The GEMM and attention engines are
+compiled for the register tile in force (``npattn info`` shows it; ``NPATTN_ISA=avx2|avx512
+npattn warmup`` warms the other's too).
 
 How: each public op is called on tiny inputs in every form that reaches a different kernel or
 kernel signature (both dtypes; bias or none; the three GEMM paths -- small dot products, packed,
@@ -46,6 +48,7 @@ import numpy as np
 
 from . import _jit
 from . import kernels as _kernels_package
+from .kernels import tiles
 
 DTYPES = {"float32": (np.float32,), "float64": (np.float64,), "both": (np.float32, np.float64)}
 
@@ -83,8 +86,7 @@ def _linear(dtype, rng):
 
 def _matmul(dtype, rng):
     matmul, matmul_backward = _op("matmul", "matmul"), _op("matmul_backward", "matmul")
-    from .kernels.gemm import BATCHED
-    many = BATCHED * numba.get_num_threads()                     # the many-batches path
+    many = tiles.engine("gemm", dtype).BATCHED * numba.get_num_threads()                     # the many-batches path
     for a_shape, b_shape in (((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)),
                              ((4,), (4,)), ((4,), (2, 4, 3)), ((many, 2, 3), (many, 3, 2)),
                              ((many, 2, 3), (1, 3, 2))):
@@ -216,19 +218,36 @@ SHARED = (("scaled_dot_product_attention", "attention"), ("linear", "matmul"))
 
 # ---------------------------------------------------------------------------- the kernels
 
+def _kernel_modules():
+    """(label, module) for every module of npattn.kernels; an engine compiled per register tile
+    (tiles.ENGINES) appears as its instances for the tile in force, one per dtype, labelled
+    like ``gemm[avx2-float32]``."""
+    for info in pkgutil.iter_modules(_kernels_package.__path__):
+        if not info.name.startswith("_") and info.name not in tiles.ENGINES:  # (generator,
+            yield info.name, importlib.import_module(f"npattn.kernels.{info.name}")  # source)
+    for name in tiles.ENGINES:
+        for dtype in tiles.DTYPES:
+            module = tiles.engine(name, dtype)
+            yield module.__name__.rpartition(".")[2], module
+
+
 def _kernel_objects(kind):
     """{"module.name": obj} of the objects of type ``kind`` in the modules of npattn.kernels
     (one name per object: a kernel another module imports is listed where it is defined)."""
     found, seen = {}, set()
-    for info in pkgutil.iter_modules(_kernels_package.__path__):
-        if info.name.startswith("_"):                            # generator, generated source
-            continue
-        module = importlib.import_module(f"npattn.kernels.{info.name}")
+    for label, module in _kernel_modules():
         for name, obj in vars(module).items():
             if isinstance(obj, kind) and id(obj) not in seen:
-                found[f"{info.name}.{name}"] = obj
+                found[f"{label}.{name}"] = obj
                 seen.add(id(obj))
     return found
+
+
+def _instance_dtype(name):
+    """The dtype an engine instance's kernel serves ("gemm[avx2-float32].x" -> "float32"), or
+    None for a kernel of a plain module (it serves every dtype)."""
+    module = name.rpartition(".")[0]
+    return module[:-1].rpartition("-")[2] if module.endswith("]") else None
 
 
 def parallel_kernels():
@@ -256,9 +275,13 @@ def missing(kernels, dtypes, ops=None):
     """["module.name (dtype)"] of the kernels without a compiled signature for a dtype asked
     for (a kernel that takes no float array needs one signature of any kind). With ``ops``
     (a subset of the steps ran) only the kernels that did get a signature are checked."""
-    wanted = {np.dtype(d).name for d in dtypes}
+    asked = {np.dtype(d).name for d in dtypes}
     gaps = []
     for name, k in sorted(kernels.items()):
+        only = _instance_dtype(name)
+        if only is not None and only not in asked:
+            continue
+        wanted = asked if only is None else {only}
         signatures = k.dispatcher.signatures
         if not signatures and ops is not None:
             continue

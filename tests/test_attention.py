@@ -20,12 +20,28 @@ from closeness import abs64, assert_close, f64
 from npattn import (attention, attention_backward, attention_forward, dropout_mask, reference,
                     scaled_dot_product_attention, scaled_dot_product_attention_backward,
                     scaled_dot_product_attention_forward)
+from npattn.kernels import tiles
 from strategies import DTYPES, dtypes, layouts, lay_out, make_values
+
+pytestmark = pytest.mark.kernel        # run again under each register tile in CI
 
 ALIGNMENTS = ("top-left", "bottom-right")
 MASK_KINDS = ("none", "bool", "float")
 WIDTHS = st.one_of(st.sampled_from([1, 3, 16, 17, 64, 80, 130]), st.integers(1, 20))  # E, Ev
-BLOCK_EDGES = (15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
+
+
+def block_edges():
+    """Lengths just below, at and above the engine's block sizes for the tiles in force: the
+    tile (MR, NR), backward's query and key blocks (BQ, BK) and forward's key block."""
+    sizes = set()
+    for dtype in DTYPES:
+        e = tiles.engine("attention", dtype)
+        sizes |= {e.MR, e.NR, 4 * e.NR, e.BQ, e.BK, e.FORWARD_BK}
+    return tuple(sorted({n + d for n in sizes for d in (-1, 0, 1)}))
+
+
+BLOCK_EDGES = block_edges()
+BK = tiles.engine("attention", np.float32).BK
 
 
 # ------------------------------------------------------------------ one drawn call
@@ -275,9 +291,9 @@ def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", 
         L, S, max_ndim, max_dim, max_hkv = draw(lengths(24)), draw(lengths(24)), 2, 3, 3
     elif size == "medium":                               # straddles 16, 64 and 128
         L, S, max_ndim, max_dim, max_hkv = draw(lengths(140)), draw(lengths(140)), 1, 2, 2
-    else:                                                # several key or query blocks of 128
+    else:                                                # several key or query blocks
         L, S, max_ndim, max_dim, max_hkv = draw(lengths(300)), draw(lengths(300)), 1, 1, 1
-        S = S if S > 128 else draw(st.integers(129, 300))
+        S = S if S > BK else draw(st.integers(BK + 1, 300))
         if draw(st.booleans()):
             L, S = S, L
     E, Ev = draw(WIDTHS), draw(WIDTHS)

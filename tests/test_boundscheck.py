@@ -7,6 +7,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.kernel        # run again under each register tile in CI
+
 TESTS = pathlib.Path(__file__).resolve().parent
 KERNEL_TESTS = ["test_gemm.py", "test_linear.py", "test_matmul.py", "test_softmax.py",
                 "test_dropout.py", "test_exp.py", "test_attention.py", "test_embedding.py",

@@ -208,12 +208,14 @@ def test_info_cache_directory_follows_numbas_rule(report):
     directory, chosen = field(text, "directory"), field(text, "chosen by")
     if numba.config.CACHE_DIR:                                  # NUMBA_CACHE_DIR wins
         assert directory.startswith(os.path.join(numba.config.CACHE_DIR, "kernels_"))
+        assert os.path.basename(directory) == _jit.cache_key()
         assert "UserProvidedCacheLocator" in chosen
     elif os.access(kernels, os.W_OK):                           # then __pycache__ beside the code
-        assert directory == os.path.join(kernels, "__pycache__")
+        # (inside it, npattn's key: _jit, "The disk cache")
+        assert directory == os.path.join(kernels, "__pycache__", _jit.cache_key())
         assert "InTreeCacheLocator" in chosen
     else:                                                       # then ~/.cache/numba
-        assert os.path.basename(directory).startswith("kernels_")
+        assert os.path.basename(os.path.dirname(directory)).startswith("kernels_")
         assert "UserWideCacheLocator" in chosen
     assert field(text, "writable") == ("yes" if os.access(directory, os.W_OK) else "no")
 

@@ -5,6 +5,8 @@ import pytest
 
 from test_jit import run_python
 
+pytestmark = pytest.mark.kernel        # run again under each register tile in CI
+
 SCRIPT = """
 import hashlib
 import numpy as np

@@ -1,5 +1,6 @@
 """The GEMM engine itself: every operand form, batch index, bias and accumulate mode, at sizes
-around its tile edges (MR = 8, NR = 16, KC = 256), on both its paths -- against float64 NumPy.
+around its tile edges (MR and NR of the tiles in force, KC), on all its paths -- against
+float64 NumPy; and every register tile against every other.
 
 The linear and matmul tests prove the engine through the public ops; these reach the corners
 those ops rarely hit (a K block boundary, a one-row edge strip, accumulate with bias).
@@ -14,13 +15,26 @@ from hypothesis import given, strategies as st
 
 from closeness import assert_close
 from npattn import _jit
-from npattn.kernels import _gemm_generate, gemm as engine
+from npattn.kernels import _gemm_generate, tiles
 from strategies import dtypes, make_values
 from test_jit import run_python
 
-# sizes just below, at and above the tile edges, plus a few plain ones
-EDGE = [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 33]
-K_EDGE = [0, 1, 5, 255, 256, 257, 300, 513]
+pytestmark = pytest.mark.kernel        # run again under each register tile in CI
+
+
+def engine(dtype):
+    """The GEMM engine instance of dtype's tile in force."""
+    return tiles.engine("gemm", dtype)
+
+
+def edges(*blocks):
+    """Sizes just below, at and above each block size (and its double), and 0, 1, 2."""
+    return sorted({0, 1, 2} | {n * b + d for b in blocks for n in (1, 2) for d in (-1, 0, 1)})
+
+
+IN_FORCE = [engine(d) for d in tiles.DTYPES]
+EDGE = edges(*{e.MR for e in IN_FORCE}, *{e.NR for e in IN_FORCE})      # row and column tiles
+K_EDGE = edges(IN_FORCE[0].KC) + [5, 300]                              # K blocks
 
 
 @st.composite
@@ -58,7 +72,7 @@ def truth(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
 
 
 PATHS = {  # (SMALL, BATCHED) forcing each of the engine's three kernels
-    "auto": (engine.SMALL, engine.BATCHED),
+    "auto": (IN_FORCE[0].SMALL, IN_FORCE[0].BATCHED),
     "packed": (0, 1 << 30),        # gemm_kernel: all of B packed up front
     "batched": (0, 0),             # batched_gemm_kernel: one work item per output batch
 }
@@ -66,18 +80,22 @@ PATHS = {  # (SMALL, BATCHED) forcing each of the engine's three kernels
 
 @contextlib.contextmanager
 def forced(path):
-    """Force one of the engine's kernels; the thresholds are restored afterwards."""
-    saved = engine.SMALL, engine.BATCHED
-    engine.SMALL, engine.BATCHED = PATHS[path]
+    """Force one of the engine's kernels (for each dtype's instance); the thresholds are
+    restored afterwards."""
+    instances = [engine(d) for d in tiles.DTYPES]
+    saved = [(e.SMALL, e.BATCHED) for e in instances]
+    for e in instances:
+        e.SMALL, e.BATCHED = PATHS[path]
     try:
         yield
     finally:
-        engine.SMALL, engine.BATCHED = saved
+        for e, (small, batched) in zip(instances, saved):
+            e.SMALL, e.BATCHED = small, batched
 
 
 def run_gemm(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
     got = c.copy()
-    engine.gemm(a, b, got, bias=bias, a_index=a_index, b_index=b_index, trans_a=trans_a,
+    engine(c.dtype).gemm(a, b, got, bias=bias, a_index=a_index, b_index=b_index, trans_a=trans_a,
                 trans_b=trans_b, accumulate=accumulate)
     return got
 
@@ -111,9 +129,9 @@ def test_small_and_packed_paths_agree_on_the_linear_form(dtype):
     rng = np.random.default_rng(5)
     a, b = make_values(rng, (37, 129), dtype), make_values(rng, (21, 129), dtype)
     small, packed = np.empty((37, 21), dtype), np.empty((37, 21), dtype)
-    engine.gemm(a, b, small, trans_b=True)
+    engine(dtype).gemm(a, b, small, trans_b=True)
     with forced("packed"):
-        engine.gemm(a, b, packed, trans_b=True)
+        engine(dtype).gemm(a, b, packed, trans_b=True)
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.T.astype(np.float64))
     assert_close(small, a.astype(np.float64) @ b.T.astype(np.float64), dtype=dtype, n=129,
                  scale=scale)
@@ -126,14 +144,14 @@ def test_nan_and_inf_propagate_through_the_packed_path():
     a[3, 7] = np.nan
     b[9, 5] = np.inf
     c = np.empty((20, 40), np.float32)
-    engine.gemm(a, b, c)
+    engine(c.dtype).gemm(a, b, c)
     assert np.isnan(c[3]).all()
     assert np.isinf(c[np.arange(20) != 3, 5]).all()
     assert np.isfinite(np.delete(np.delete(c, 3, 0), 5, 1)).all()
 
 
 def test_generated_micro_kernel_is_up_to_date():
-    """_gemm_micro.py and gemm.py's digest line are what the generator writes now."""
+    """_gemm_micro.py is what the generator writes now, for every tile of tiles.TILES."""
     assert _gemm_generate.main(["--check"]) == 0
     proc = subprocess.run([sys.executable, "-m", "npattn.kernels._gemm_generate", "--check"],
                           capture_output=True, text=True)
@@ -159,9 +177,10 @@ def test_kernels_compiled_without_slp_never_enter_the_cache(tmp_path):
     assert off.strip() == "False"
     # the loop, its work items (compiled apart, _jit.ItemKernel) and the serial kernels
     # they call -- the micro-kernel above all
-    kernels = ("gemm_kernel", "rows_item", "pack_item", "micro_kernel")
+    # (the micro-kernel is ``micro_{MR}x{NR}`` of _gemm_micro.py: "micro_" matches any tile's)
+    kernels = ("gemm_kernel", "rows_item", "pack_item", "micro_")
     assert not [p.name for p in cache.rglob("*.nb[ic]")], "SLP-off kernel was cached"
     on = run_python(code, NUMBA_CACHE_DIR=str(cache))
     assert on.strip() == "True"
     for name in kernels:
-        assert [p for p in cache.rglob(f"*.{name}-*")], f"SLP-on {name} was not cached"
+        assert [p for p in cache.rglob(f"*.{name}*-*")], f"SLP-on {name} was not cached"

@@ -10,6 +10,7 @@ import pytest
 
 import npattn
 from npattn import _jit
+from npattn.kernels import tiles
 
 
 def run_python(code, **env):
@@ -27,17 +28,21 @@ def all_kernels():
     import pkgutil
 
     import npattn.kernels as package
+    from npattn.kernels import tiles
+    modules = {info.name: importlib.import_module(f"npattn.kernels.{info.name}")
+               for info in pkgutil.iter_modules(package.__path__)
+               if info.name not in tiles.ENGINES}          # (those: one instance per tile)
+    modules.update(tiles.all_engines())
     found = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"npattn.kernels.{info.name}")
+    for label, module in modules.items():
         for name, obj in vars(module).items():
             if isinstance(obj, (_jit.ThreadSafeKernel, numba.core.registry.CPUDispatcher)):
-                found[f"{info.name}.{name}"] = obj
+                found[f"{label}.{name}"] = obj
     return found
 
 
 # _jit.fma_kernel (contract only): the kernels whose order of operations is the point
-FMA_ONLY = {"micro_kernel", "exp_parts", "exp_nonpositive", "exp_shifted", "exp_parts_f32",
+FMA_ONLY = {*(f"micro_{mr}x{nr}" for mr, nr in tiles.TILES.values()), "exp_parts", "exp_nonpositive", "exp_shifted", "exp_parts_f32",
             "exp_nonpositive_f32", "exp_shifted_f32"}
 
 
@@ -67,9 +72,12 @@ def test_import_compiles_nothing():
     out = run_python("""
         import numba, npattn, importlib, pkgutil
         import npattn.kernels as package
+        from npattn.kernels import tiles
         compiled = []
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module("npattn.kernels." + info.name)
+        modules = [importlib.import_module("npattn.kernels." + info.name)
+                   for info in pkgutil.iter_modules(package.__path__)
+                   if info.name not in tiles.ENGINES]
+        for module in modules + list(tiles.all_engines().values()):
             for name, obj in vars(module).items():
                 d = getattr(obj, "dispatcher", obj)
                 if isinstance(d, numba.core.registry.CPUDispatcher) and d.signatures:
@@ -157,8 +165,9 @@ def test_the_attention_kernels_call_their_work_items_through_a_pointer():
         v.flags.writeable = False                 # a read-only input is another version
         out, lse = npattn.scaled_dot_product_attention_forward(q, k, v)
         npattn.scaled_dot_product_attention_backward(out, q, k, v, out, lse)
-    from npattn.kernels import attention
-    for kernel in (attention.attention_forward_kernel, attention.attention_backward_kernel):
-        assert isinstance(kernel, _jit.ItemKernel)
-        assert set(_body_types(kernel)) == {numba.types.FunctionType}
-        assert len(kernel.dispatcher.signatures) >= 2
+    for dtype in (np.float32, np.float64):
+        attention = tiles.engine("attention", dtype)
+        for kernel in (attention.attention_forward_kernel, attention.attention_backward_kernel):
+            assert isinstance(kernel, _jit.ItemKernel)
+            assert set(_body_types(kernel)) == {numba.types.FunctionType}
+            assert len(kernel.dispatcher.signatures) >= 1

@@ -8,6 +8,8 @@ from npattn import reference
 from npattn.functional.linear import linear, linear_backward, linear_forward
 from strategies import arrays, dims, dtypes, shapes
 
+pytestmark = pytest.mark.kernel        # run again under each register tile in CI
+
 
 @st.composite
 def linear_cases(draw, kinds=("normal", "wide")):

@@ -10,6 +10,8 @@ from npattn import reference
 from npattn.functional.matmul import matmul, matmul_backward, matmul_forward
 from strategies import arrays, broadcastable_batches, dims, dtypes, make_values, shapes
 
+pytestmark = pytest.mark.kernel        # run again under each register tile in CI
+
 
 def matmul_shapes(shape_a, shape_b):
     """torch.matmul's output shape, and the length of the reduction behind each result.

@@ -13,6 +13,8 @@ from npattn.kernels.softmax import (log_softmax_backward_kernel, softmax_backwar
                                     softmax_forward_kernel)
 from strategies import arrays, dims, dtypes, shapes
 
+pytestmark = pytest.mark.kernel        # run again under each register tile in CI
+
 OPS = ("softmax", "log_softmax")
 FORWARD = {"softmax": softmax_forward, "log_softmax": log_softmax_forward}
 BACKWARD = {"softmax": softmax_backward, "log_softmax": log_softmax_backward}

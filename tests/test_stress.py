@@ -68,7 +68,8 @@ def make_calls(rng, scale=0, dtype=np.float32):
     the calls named "float64". Ops this version lacks are left out.
     """
     import npattn
-    from npattn.kernels.gemm import BATCHED
+    from npattn.kernels import tiles
+    BATCHED = tiles.engine("gemm", dtype).BATCHED
 
     dt, f64 = dtype, np.float64              # dt: the inputs' dtype
     s = scale

@@ -55,10 +55,8 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.attention import (BK, BOOL_MASK, FLOAT_MASK, NO_MASK, WORK_ITEMS,
-                                 attention_backward_kernel, attention_forward_kernel,
-                                 forward_block_rows)
 from ..kernels.random import keep_threshold, kept_scale, stream_key
+from ..kernels.tiles import engine
 
 NO_BOOL = np.ones((1, 1, 1), np.bool_)      # the unused mask argument: one plane, never read
 NO_FLOAT = {np.dtype(t): np.zeros((1, 1, 1), t) for t in (np.float32, np.float64)}
@@ -91,7 +89,8 @@ def _prepare(args):
     v4, vi = _stack(args["value"], batch, lead)                  # (Bv, Hkv, S, Ev)
     mask = args["mask"]
     dtype = q4.dtype
-    bmask, fmask, kind = NO_BOOL, NO_FLOAT[dtype], NO_MASK
+    kernels = engine("attention", dtype)         # the attention engine of dtype's tile
+    bmask, fmask, kind = NO_BOOL, NO_FLOAT[dtype], kernels.NO_MASK
     planes = np.zeros(math.prod(batch) * heads, np.int64)         # (B·H,)
     if mask is not None:
         shape = (1,) * (lead + 3 - mask.ndim) + mask.shape        # (*batch_m, Hm, Lm, Sm)
@@ -100,12 +99,12 @@ def _prepare(args):
         planes = np.broadcast_to(np.arange(flat.shape[0], dtype=np.int64).reshape(stored),
                                  batch + (heads,)).flatten()       # (B·H,)
         if mask.dtype == np.bool_:
-            bmask, kind = flat, BOOL_MASK
+            bmask, kind = flat, kernels.BOOL_MASK
         else:
-            fmask, kind = flat, FLOAT_MASK
+            fmask, kind = flat, kernels.FLOAT_MASK
     n_rows, n_keys = q4.shape[2], k4.shape[2]
     p = args["dropout_p"]
-    return dict(q=q4, k=k4, v=v4, qi=qi, ki=ki, vi=vi, bmask=bmask, fmask=fmask, planes=planes,
+    return dict(kernels=kernels, q=q4, k=k4, v=v4, qi=qi, ki=ki, vi=vi, bmask=bmask, fmask=fmask, planes=planes,
                 kind=kind, causal=args["is_causal"],
                 offset=n_keys - n_rows if args["bottom_right"] else 0, scale=args["scale"],
                 key=stream_key(args["seed"]), threshold=keep_threshold(p) if p > 0 else
@@ -124,11 +123,13 @@ def _run_forward(run, store_weights):
     row_sum = np.empty_like(lse)                                     # (B, H, L)
     weights = (np.empty((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_weights
                else np.empty((1, 1, 1, 1), q.dtype))               # (unused placeholder)
-    attention_forward_kernel(q, k, v, run["qi"], run["ki"], run["vi"], run["bmask"],
-                             run["fmask"], run["planes"], run["kind"], run["causal"],
-                             run["offset"], run["scale"], run["key"], run["threshold"],
-                             run["drop_scale"], out, lse, row_max, row_sum, weights,
-                             store_weights, forward_block_rows(n_batch * heads, n_rows))
+    kernels = run["kernels"]
+    kernels.attention_forward_kernel(q, k, v, run["qi"], run["ki"], run["vi"], run["bmask"],
+                                     run["fmask"], run["planes"], run["kind"], run["causal"],
+                                     run["offset"], run["scale"], run["key"], run["threshold"],
+                                     run["drop_scale"], out, lse, row_max, row_sum, weights,
+                                     store_weights,
+                                     kernels.forward_block_rows(n_batch * heads, n_rows))
     if store_weights:                        # weights = exp(s - lse): renormalise where lse
         norm = _normalisers(lse, (row_max, row_sum))       # lost log l (exactly 1 elsewhere)
         far = norm != 1
@@ -175,9 +176,10 @@ def _splits(run):
     """How many copies of dq the backward adds into: enough work items (B·Hkv·splits) to keep
     the threads busy when there are few heads. A function of the shapes only (never of the
     thread count), so the sums -- and bits -- are the same everywhere."""
-    n_kb = -(-run["k"].shape[2] // BK)
+    kernels = run["kernels"]
+    n_kb = -(-run["k"].shape[2] // kernels.BK)
     items = run["n_batch"] * run["k"].shape[1]
-    return max(1, min(n_kb, -(-WORK_ITEMS // max(items, 1))))
+    return max(1, min(n_kb, -(-kernels.WORK_ITEMS // max(items, 1))))
 
 
 def _run_backward(run, dout, out, lse, norm, store_ds):
@@ -191,11 +193,12 @@ def _run_backward(run, dout, out, lse, norm, store_ds):
     dv = np.empty((n_batch,) + v.shape[1:], q.dtype)
     dscores = (np.zeros((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_ds
                else np.empty((1, 1, 1, 1), q.dtype))
-    attention_backward_kernel(q, k, v, dout, out, lse, norm, run["qi"], run["ki"], run["vi"],
-                              run["bmask"], run["fmask"], run["planes"], run["kind"],
-                              run["causal"], run["offset"], run["scale"], run["key"],
-                              run["threshold"], run["drop_scale"], dq_parts, dk, dv, dscores,
-                              store_ds)
+    kernels = run["kernels"]
+    kernels.attention_backward_kernel(q, k, v, dout, out, lse, norm, run["qi"], run["ki"],
+                                      run["vi"], run["bmask"], run["fmask"], run["planes"],
+                                      run["kind"], run["causal"], run["offset"], run["scale"],
+                                      run["key"], run["threshold"], run["drop_scale"],
+                                      dq_parts, dk, dv, dscores, store_ds)
     dq = dq_parts[0] if dq_parts.shape[0] == 1 else dq_parts.sum(axis=0)   # in split order
     dq *= q.dtype.type(run["scale"])
     return dq, dk, dv, (dscores if store_ds else None)

@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.gemm import gemm
+from ..kernels.tiles import gemm
 from ..kernels.linear import column_sum_kernel
 
 

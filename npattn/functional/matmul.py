@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.gemm import gemm
+from ..kernels.tiles import gemm
 
 
 def _operands(a, b, batch):

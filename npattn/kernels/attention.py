@@ -7,7 +7,7 @@ Forward, for each work item (b, h, block of up to FORWARD_BQ query rows), stream
 blocks of FORWARD_BK keys::
 
     s      = (q·scale)·kᵀ  + mask     one block of scores, never more (the micro-kernel of
-                                      kernels/gemm.py, 8×16 tiles; masked entries -inf)
+                                      kernels/gemm.py, MR×NR tiles; masked entries -inf)
     m_new  = max(m, rowmax(s))        running row max
     p      = exp(s - m_new)           (kernels/exp.py); dropped entries are zeroed after the
     l      = l·exp(m - m_new) + Σ p   sum, so l is the pre-dropout denominator
@@ -47,8 +47,8 @@ Dropout: weight (b, h, i, j) is kept when ``keep(key, ((b·H + h)·L + i)·S + j
 Layouts. Forward computes the scores transposed, MR keys × NR queries per micro-kernel tile
 (a key strip times a query panel), written straight into ``pt`` (keys × NR queries): each tile
 row is then a row of pᵀ as the micro-kernel's B operand reads it in oᵀ += vᵀ·pᵀ, and every
-softmax step (max, exp, rescale) runs along the NR = 16 queries of a panel -- one float32
-vector. The softmax denominator comes out of the same product: the value strips carry an
+softmax step (max, exp, rescale) runs along the NR queries of a panel -- one or two vector
+registers (the tile, MR×NR, is the GEMM engine's: see tiles.py). The softmax denominator comes out of the same product: the value strips carry an
 extra row of ones, so oᵀ's row Ev accumulates Σ p (and its rescaling) for free. Backward
 computes tiles as MR queries × NR keys and stores w and ds row by row into key panels (the B
 operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds, transposed back once per key block); only ds is
@@ -65,9 +65,15 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_items
+from . import _gemm_micro, tiles
 from .exp import exp_nonpositive_native, exp_shifted_native
-from .gemm import MR, NR, micro_kernel
 from .random import keep
+
+# This module is written once for a register tile and loaded once per tile (tiles.engine):
+# the GEMM instance of the same tile supplies the micro-kernel.
+TILE = tiles.tile_of(__name__)
+MR, NR = TILE.mr, TILE.nr
+micro_kernel = tiles.sibling(__name__, "gemm").micro_kernel
 
 FORWARD_BK = 256   # keys per forward block (a multiple of NR and MR; measured vs 64 and 128:
                    # +5 % / +13 % at L = 1024: fewer rescales, fewer passes per score)
@@ -76,11 +82,16 @@ FORWARD_BQ = 1024  # query rows per forward work item at most (any multiple of N
                    # key block is packed once per item: 256 -> 1024 rows measured +6-8 %
 BQ = 128          # query rows per backward block (a multiple of MR)
 BK = 128          # keys per backward block (a multiple of NR and of MR)
-TILE = MR * NR
 WORK_ITEMS = 8  # backward splits dq when fewer (batch, kv head) pairs than this (see caller)
 CHUNK = 4       # backward: key blocks (of one item) swept per pass over the query blocks; their
                 # packed k, v and dk, dv (~0.3 MiB at E = 64, float32) stay in L2
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
+
+# The geometry the loops rely on, for the tile in force: whole strips (MR) and panels (NR) per
+# block, and a forward panel never wider than its item.
+assert FORWARD_BK % MR == 0 and FORWARD_BK % NR == 0, (TILE, FORWARD_BK)
+assert FORWARD_BQ % NR == 0 and BQ % MR == 0, (TILE, FORWARD_BQ, BQ)
+assert BK % MR == 0 and BK % NR == 0, (TILE, BK)
 
 
 def forward_block_rows(n_heads, n_rows):
@@ -223,49 +234,12 @@ def mask_panel(pt, n_keys, i0, rows, j0, bplane, fplane, mask_kind, causal, offs
             pt[j * NR + c] = minus_inf
 
 
-@kernel
-def lane_max(pt, n_keys, out):
-    # out[c] = max_j pt[j·NR + c] over j < n_keys, NaN ignored, for the NR = 16 lanes. The 16
-    # running maxima are named scalars, which LLVM keeps in one register: held in an array
-    # (out[c] = max(out[c], x)) they go through memory on every step, because LLVM cannot rule
-    # out that out and pt overlap -- measured 9× slower (0.28 vs 0.03 ns per element).
-    m = pt.dtype.type(-np.inf)
-    m0, m1, m2, m3, m4, m5, m6, m7 = m, m, m, m, m, m, m, m
-    m8, m9, m10, m11, m12, m13, m14, m15 = m, m, m, m, m, m, m, m
-    for j in range(n_keys):
-        x = pt[j * NR:(j + 1) * NR]
-        m0 = x[0] if x[0] > m0 else m0
-        m1 = x[1] if x[1] > m1 else m1
-        m2 = x[2] if x[2] > m2 else m2
-        m3 = x[3] if x[3] > m3 else m3
-        m4 = x[4] if x[4] > m4 else m4
-        m5 = x[5] if x[5] > m5 else m5
-        m6 = x[6] if x[6] > m6 else m6
-        m7 = x[7] if x[7] > m7 else m7
-        m8 = x[8] if x[8] > m8 else m8
-        m9 = x[9] if x[9] > m9 else m9
-        m10 = x[10] if x[10] > m10 else m10
-        m11 = x[11] if x[11] > m11 else m11
-        m12 = x[12] if x[12] > m12 else m12
-        m13 = x[13] if x[13] > m13 else m13
-        m14 = x[14] if x[14] > m14 else m14
-        m15 = x[15] if x[15] > m15 else m15
-    out[0] = m0
-    out[1] = m1
-    out[2] = m2
-    out[3] = m3
-    out[4] = m4
-    out[5] = m5
-    out[6] = m6
-    out[7] = m7
-    out[8] = m8
-    out[9] = m9
-    out[10] = m10
-    out[11] = m11
-    out[12] = m12
-    out[13] = m13
-    out[14] = m14
-    out[15] = m15
+#: out[c] = max_j pt[j·NR + c] over j < n_keys, NaN ignored, for the NR lanes (generated by
+#: _gemm_generate for each panel width). The NR running maxima are named scalars, which LLVM
+#: keeps in registers: held in an array (out[c] = max(out[c], x)) they go through memory on
+#: every step, because LLVM cannot rule out that out and pt overlap -- measured 9× slower
+#: (0.28 vs 0.03 ns per element).
+lane_max = kernel(getattr(_gemm_micro, f"lane_max_{NR}"))
 
 
 @kernel
@@ -605,10 +579,10 @@ def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, pl
     ts = np.empty((MR, NR), dtype)
     tdp = np.empty((MR, NR), dtype)
     kept = np.empty((MR, NR), np.bool_)
-    x = np.empty(TILE, dtype)
-    p = np.empty(TILE, dtype)
-    bits = np.empty(TILE, np.int64)
-    bits32 = np.empty(TILE, np.int32)
+    x = np.empty(MR * NR, dtype)
+    p = np.empty(MR * NR, dtype)
+    bits = np.empty(MR * NR, np.int64)
+    bits32 = np.empty(MR * NR, np.int32)
     kb_all = k[ki[b], g]
     vb_all = v[vi[b], g]
     dkb = dk[b, g]

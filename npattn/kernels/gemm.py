@@ -24,12 +24,13 @@ The loop nest (BLIS's, with B packed once for the whole call)::
         └ └──┴──┴──┴──┘                                    ▲
                                            B panel (kc×NR) ┘
 
-Tile: MR×NR = 8×16 for both dtypes -- 8 float32 or 16 float64 AVX-512 accumulators; the
-measurements that chose it are in ``_gemm_generate.py``, which writes the micro-kernel. KC =
-256 and NC = 512: an A strip (256×8) stays in L1 while the chunk's B panels (256×512 float32 =
-512 KiB) come from L2; other KC (128…512) and MC (96…384) measured within ±3 %. MC is chosen
-per call so that the work items share out evenly among the threads and an A block stays
-within L2.
+Tile: MR×NR, one per instruction set and dtype (``tiles.py``: 8×16 on AVX-512, 4×16 float32
+and 4×8 float64 on AVX2, with the measurements that chose them). This module is written once
+for a tile and loaded once per tile it serves (``tiles.engine("gemm", dtype)``): MR and NR are
+constants of each instance, so each compiles its own kernels. KC = 256 and NC = 512: an A
+strip (256×MR) stays in L1 while the chunk's B panels (256×512 float32 = 512 KiB) come from
+L2; other KC (128…512) and MC (96…384) measured within ±3 % on AVX-512. MC is chosen per call
+so that the work items share out evenly among the threads and an A block stays within L2.
 
 Edges: the packed copies hold whole tiles (B zero-padded; the rows of an A strip past C's last
 row hold whatever the buffer held, and their results are never stored), so the micro-kernel
@@ -54,10 +55,10 @@ import numpy as np
 from numba import prange
 
 from .._jit import fma_kernel, kernel, parallel_items, parallel_kernel
-from ._gemm_micro import MR, NR
-from ._gemm_micro import micro_kernel as _micro_source
+from . import _gemm_micro, tiles
 
-MICRO_DIGEST = "2209abd8db645113"  # of _gemm_micro.py: see _gemm_generate
+TILE = tiles.tile_of(__name__)   # this instance's tile (see tiles.py)
+MR, NR = TILE.mr, TILE.nr
 
 KC = 256
 NC = 512      # columns per chunk in block_product (measured vs none: +3–8 % float32 n = 512…2048)
@@ -70,7 +71,10 @@ BATCHED = 4  # output batches per thread from which batched_gemm_kernel takes ov
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
 
 #: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR): the generated straight-line code.
-micro_kernel = fma_kernel(_micro_source)
+micro_kernel = fma_kernel(getattr(_gemm_micro, f"micro_{MR}x{NR}"))
+
+# The blocking follows from the tile: whole strips and panels per block and chunk.
+assert NC % NR == 0 and MC_MAX % MR == 0, (TILE, NC, MC_MAX)
 
 
 @kernel

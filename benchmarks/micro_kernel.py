@@ -1,0 +1,145 @@
+"""The GEMM micro-kernel alone, per register tile: how many GFLOP/s each MR×NR reaches.
+
+    python -m benchmarks.micro_kernel                          # npattn's candidates, this CPU
+    python -m benchmarks.micro_kernel --isa avx2               # AVX2 code on any x86-64 CPU
+    python -m benchmarks.micro_kernel --tiles 4x16:float32,6x16:float32 --rounds 25
+
+This is the measurement behind ``npattn/kernels/tiles.py``'s table. Each candidate is the
+micro-kernel ``npattn/kernels/_gemm_generate.py`` writes for that tile, compiled as the engine
+compiles it (fastmath ``contract`` only, SLP vectoriser on), and called in a serial loop on one
+thread: a KC = 256 product whose packed A and B (``kc·MR`` and ``kc·NR`` elements) stay in L1.
+So the figure is the tile's ceiling -- the GEMM's packing, cache blocking and threads come on
+top (``python -m benchmarks --ops gemm`` measures the whole). Before timing, each candidate's
+tile is checked against NumPy's float64 product of the same panels.
+
+Rounds are interleaved (every candidate once per round, in turn), and the median and best of
+``--rounds`` are reported: on a shared machine a slow round hits one candidate, not a column.
+
+``--isa avx2`` re-executes the benchmark with Numba told a Haswell-class CPU
+(``NUMBA_CPU_NAME=haswell`` and AVX-512 features off): the code an AVX2-only CPU (Zen 2/3,
+Haswell..Comet Lake) gets, run here -- the instruction mix and register count of that code,
+on this core's execution units. ``--isa native`` (the default) compiles for the host.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+#: Numba's target for ``--isa avx2``: Haswell's features, AVX-512 off.
+AVX2_FEATURES = ("+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+popcnt,+sse4.2,+sse4.1,+ssse3,"
+                 "+sse3,+sse2,+sse,+cx16,+movbe,+xsave,+aes,+pclmul,"
+                 "-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512cd")
+#: The candidates measured when --tiles is not given: around each ISA's tiles in npattn.
+DEFAULT_TILES = ("3x16:float32,4x16:float32,5x16:float32,6x16:float32,8x16:float32,"
+                 "3x8:float64,4x8:float64,5x8:float64,6x8:float64,8x8:float64,8x16:float64")
+KC = 256
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.micro_kernel",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--tiles", default=DEFAULT_TILES,
+                        help="comma-separated MRxNR:dtype candidates (default: %(default)s)")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="compile for the host, or for an AVX2-only CPU (default: native)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    parser.add_argument("--flops", type=float, default=2e8,
+                        help="floating-point operations per timed call (default 2e8)")
+    return parser.parse_args(argv)
+
+
+def parse_tiles(text):
+    """'4x16:float32,...' -> [(4, 16, 'float32'), ...], with a clear error for a bad entry."""
+    out = []
+    for spec in text.split(","):
+        try:
+            shape, dtype = spec.strip().split(":")
+            mr, nr = (int(v) for v in shape.split("x"))
+        except ValueError:
+            raise SystemExit(f"--tiles: expected entries like 4x16:float32, got {spec!r}")
+        if dtype not in ("float32", "float64") or not (1 <= mr <= 16 and 1 <= nr <= 64):
+            raise SystemExit(f"--tiles: {spec!r}: dtype float32|float64, 1 ≤ MR ≤ 16, "
+                             f"1 ≤ NR ≤ 64")
+        out.append((mr, nr, dtype))
+    return out
+
+
+def reexec_for_avx2(argv):
+    """Run this benchmark again with Numba targeting an AVX2-only CPU; returns its exit code."""
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": AVX2_FEATURES,
+           "NPATTN_MICRO_REEXEC": "avx2"}
+    return subprocess.call([sys.executable, "-m", "benchmarks.micro_kernel", *argv], env=env)
+
+
+def build(mr, nr, dtype, np, njit):
+    """(loop, ap, bp, tile): ``loop(reps, ...)`` calls the MR×NR micro-kernel ``reps`` times."""
+    from npattn import _jit                      # (turns the SLP vectoriser on, as npattn runs)
+    from npattn.kernels._gemm_generate import micro_kernel
+    namespace = {}
+    exec(micro_kernel(mr, nr), namespace)
+    options = dict(nogil=True, error_model="numpy", fastmath=_jit.FASTMATH - {"reassoc"})
+    micro = njit(**options)(namespace[f"micro_{mr}x{nr}"])
+
+    @njit(nogil=True)
+    def loop(reps, kc, ap, bp, tile):
+        for _ in range(reps):
+            micro(kc, ap, bp, tile)
+
+    # small integers: every product and partial sum is exact (|Σ| ≤ 256·8·8 < 2^24), so the
+    # tile must equal the exact product bit for bit, whatever the order or FMA contraction
+    rng = np.random.default_rng(mr * 100 + nr)
+    ap = rng.integers(-8, 9, KC * mr).astype(dtype)
+    bp = rng.integers(-8, 9, KC * nr).astype(dtype)
+    tile = np.zeros((mr, nr), dtype)
+    loop(1, KC, ap, bp, tile)                    # compiles, and gives the tile to check
+    want = ap.reshape(KC, mr).astype(np.int64).T @ bp.reshape(KC, nr).astype(np.int64)
+    if not np.array_equal(tile, want):
+        i, j = np.argwhere(tile != want)[0]
+        raise SystemExit(f"{mr}x{nr} {dtype}: the micro-kernel's tile[{i}, {j}] is "
+                         f"{tile[i, j]}, not {want[i, j]}; not timing a wrong kernel")
+    return loop, ap, bp, tile
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    candidates = parse_tiles(args.tiles)
+    if args.isa == "avx2" and os.environ.get("NPATTN_MICRO_REEXEC") != "avx2":
+        return reexec_for_avx2(argv)
+
+    import llvmlite.binding
+    import numba
+    import numpy as np
+    from numba import njit
+
+    from .machine import cpu_model, git_commit
+
+    numba.set_num_threads(1)
+    cases = []
+    for mr, nr, dtype in candidates:
+        loop, ap, bp, tile = build(mr, nr, dtype, np, njit)
+        reps = max(1, int(args.flops / (2 * mr * nr * KC)))
+        cases.append((f"{mr}×{nr}", dtype, loop, reps, ap, bp, tile, 2.0 * mr * nr * KC * reps))
+    rates = {(name, dtype): [] for name, dtype, *_ in cases}
+    for _ in range(args.rounds):
+        for name, dtype, loop, reps, ap, bp, tile, flops in cases:
+            start = time.perf_counter()
+            loop(reps, KC, ap, bp, tile)
+            rates[name, dtype].append(flops / (time.perf_counter() - start) / 1e9)
+
+    target = (f"AVX2 code (NUMBA_CPU_NAME={os.environ.get('NUMBA_CPU_NAME')}, AVX-512 off)"
+              if os.environ.get("NPATTN_MICRO_REEXEC") == "avx2" else
+              f"native code (LLVM CPU {llvmlite.binding.get_host_cpu_name()})")
+    print(f"GEMM micro-kernel, KC = {KC}, one thread, GFLOP/s over {args.rounds} interleaved "
+          f"rounds\n{cpu_model()}; {target}; Numba {numba.__version__}; commit {git_commit()}\n"
+          f"command: python -m benchmarks.micro_kernel {' '.join(argv)}\n")
+    print("| tile | dtype | median GFLOP/s | best GFLOP/s |\n|---|---|---:|---:|")
+    for (name, dtype), values in rates.items():
+        print(f"| {name} | {dtype} | {statistics.median(values):.1f} | {max(values):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
