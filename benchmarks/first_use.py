@@ -114,7 +114,7 @@ def _first_use_calls(npattn, np, dtype, rng):
 
 def _dispatchers():
     """Every Numba dispatcher of npattn.kernels (parallel kernels' and serial ones)."""
-    from npattn.warmup import dispatchers
+    from npattn.tools.warmup import dispatchers
     return dispatchers()
 
 
@@ -168,7 +168,7 @@ def child_first_calls(dtypes):
 def child_cold(dtypes, jobs=1):
     import numpy as np
 
-    from npattn import warmup
+    from npattn.tools import warmup
     from npattn._jit import ItemKernel
     start, cpu = time.perf_counter(), time.process_time()
     timings, gaps, compiled, processes = warmup.warmup(
@@ -201,10 +201,10 @@ def child(kind, dtypes):
     if kind == "cold":
         return child_cold(dtypes)
     if kind == "cold-parallel":
-        from npattn.warmup import default_jobs
+        from npattn.tools.warmup import default_jobs
         return child_cold(dtypes, jobs=default_jobs())
     if kind == "warm":
-        from npattn.warmup import main
+        from npattn.tools.warmup import main
         return {"status": main(["--quiet"])}
     raise ValueError(f"unknown child {kind!r}")
 

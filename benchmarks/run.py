@@ -16,8 +16,8 @@ it, and says what it changed:
 
 - ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are removed: they force OpenBLAS onto another
   kernel than the one it detects for this CPU, and NumPy is compared as a user gets it. (The
-  effect depends on the CPU: Haswell's kernel ran at ~0.55× SkylakeX's on the Zen 5 machines of
-  NUMBA_NOTES; on a Zen 4 VM, n = 1024, at 1.10× in fp32 and 0.87× in fp64.)
+  effect depends on the CPU: Haswell's kernel ran at ~0.55× SkylakeX's on the 2-core AMD Zen 5
+  machines the project was planned on; on a Zen 4 VM, n = 1024, at 1.10× in fp32 and 0.87× in fp64.)
 - ``OPENBLAS_THREAD_TIMEOUT=14`` is set (``--keep-pools`` leaves it alone). After each call,
   OpenBLAS's idle workers spin for 2^28 cycles (~0.1 s) before they sleep, and on a 2-core
   machine a Numba or PyTorch kernel started meanwhile waits for time slices: an alternating

@@ -29,8 +29,23 @@ from .functional.softmax import (log_softmax, log_softmax_backward, log_softmax_
 
 __version__ = "0.1.0"
 
+#: Subpackages reachable as attributes after ``import npattn`` (``npattn.nn.Linear``, as with
+#: ``torch.nn``), imported on first access (PEP 562) so that ``import npattn`` stays as fast.
+SUBMODULES = ("nn", "optim", "gradcheck")
+
+
+def __getattr__(name):
+    if name in SUBMODULES:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)   # also sets npattn.<name>
+    raise AttributeError(f"module 'npattn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(SUBMODULES))
+
 __all__ = [
-    "__version__", "reference",
+    "__version__", "reference", "nn", "optim", "gradcheck",
     "linear", "linear_forward", "linear_backward",
     "matmul", "matmul_forward", "matmul_backward",
     "softmax", "softmax_forward", "softmax_backward",

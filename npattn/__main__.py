@@ -1,5 +1,5 @@
-"""``python -m npattn``: the ``npattn`` command (demo, explain, info, warmup); see npattn.cli."""
-from .cli import main
+"""``python -m npattn``: the ``npattn`` command (demo, explain, info, warmup); see npattn.tools.cli."""
+from .tools.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -210,7 +210,8 @@ kernel = _jit(OPTIONS)
 
 #: Fused multiply-add and nothing else, for kernels whose order of operations is the point:
 #: the GEMM micro-kernel (with ``reassoc`` LLVM rewrites its k loop into gather-reductions and
-#: it runs several times slower, NUMBA_NOTES.md) and the polynomial of ``kernels/exp.py``.
+#: it runs several times slower: docs/architecture.md, section 9.2) and the polynomial of
+#: ``kernels/exp.py``.
 fma_kernel = _jit({**OPTIONS, "fastmath": {"contract"}})
 
 _launch_lock = threading.Lock()

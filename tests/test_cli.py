@@ -24,7 +24,8 @@ import pytest
 
 import npattn
 import npattn.kernels.softmax
-from npattn import _jit, cli, info
+from npattn import _jit
+from npattn.tools import cli, info
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -62,8 +63,8 @@ def test_python_m_npattn_explain_runs_and_passes():
 
 
 def test_info_imports_neither_torch_nor_the_demo():
-    code = ("import sys; from npattn.cli import main; status = main(['info']); "
-            "print('imported:', 'torch' in sys.modules, 'npattn.demo' in sys.modules); "
+    code = ("import sys; from npattn.tools.cli import main; status = main(['info']); "
+            "print('imported:', 'torch' in sys.modules, 'npattn.tools.demo' in sys.modules); "
             "sys.exit(status)")
     done = python("-c", code)
     assert done.returncode == 0, done.stderr
@@ -105,23 +106,23 @@ def test_a_command_gets_every_argument_after_its_name(monkeypatch, command):
 
 def test_a_command_that_takes_prog_gets_its_full_name(monkeypatch):
     calls = []
-    stub = types.ModuleType("npattn.demo")
+    stub = types.ModuleType("npattn.tools.demo")
     stub.main = lambda argv=None, prog=None: calls.append((argv, prog)) or 0
-    monkeypatch.setitem(sys.modules, "npattn.demo", stub)
+    monkeypatch.setitem(sys.modules, "npattn.tools.demo", stub)
     monkeypatch.setattr(sys, "argv", ["/usr/local/bin/npattn"])
     assert cli.main(["demo"]) == 0
     assert calls == [([], "npattn demo")]
 
 
 def test_a_missing_command_module_is_reported(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "npattn.demo", None)      # import fails as if absent
+    monkeypatch.setitem(sys.modules, "npattn.tools.demo", None)      # import fails as if absent
     assert cli.main(["demo"]) == 2
-    assert "npattn.demo" in capsys.readouterr().err
+    assert "npattn.tools.demo" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("ok", [True, False])
 def test_explain_options_reach_explain(monkeypatch, ok):
-    from npattn import explain
+    from npattn.tools import explain
     calls = []
     monkeypatch.setattr(explain, "run", lambda *args, **kwargs: calls.append((args, kwargs))
                         or {"ok": ok})
@@ -135,12 +136,12 @@ def test_console_script_is_declared_and_resolves():
     config.read(ROOT / "setup.cfg")
     scripts = [line.strip() for line in
                config["options.entry_points"]["console_scripts"].strip().splitlines()]
-    assert "npattn = npattn.cli:main" in scripts
+    assert "npattn = npattn.tools.cli:main" in scripts
     target = next(line for line in scripts if line.startswith("npattn ")).split("=", 1)[1]
     module, attr = target.strip().split(":")
     assert getattr(importlib.import_module(module), attr) is cli.main
     main_source = (ROOT / "npattn" / "__main__.py").read_text()
-    assert "from .cli import main" in main_source and "SystemExit(main())" in main_source
+    assert "from .tools.cli import main" in main_source and "SystemExit(main())" in main_source
 
 
 # ------------------------------------------------------------------------- npattn info

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from npattn import demo
+from npattn.tools import demo
 
 SHORT = dict(steps=300, length=8, batch=64, d_model=64, num_heads=4, lr=6e-3, eval_size=500,
              log_every=100)

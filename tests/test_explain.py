@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 import npattn
 from closeness import abs64, assert_close, f64
-from npattn import explain, reference
+from npattn import reference
+from npattn.tools import explain
 from strategies import dtypes
 
 ROUNDED = 5e-4 + 1e-9   # explain prints 3 decimals

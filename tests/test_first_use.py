@@ -29,7 +29,7 @@ COLD = os.environ.get("NPATTN_TEST_COLD_CACHE") == "1"
 def warmed(tmp_path_factory):
     """(environment changes, stdout) of ``npattn warmup`` run in a fresh process."""
     env = {"NUMBA_CACHE_DIR": str(tmp_path_factory.mktemp("numba-cache"))} if COLD else {}
-    out = run_script("import sys\nfrom npattn.warmup import main\nsys.exit(main([]))",
+    out = run_script("import sys\nfrom npattn.tools.warmup import main\nsys.exit(main([]))",
                      timeout=3600, **env)
     return env, out
 
@@ -70,7 +70,7 @@ WARM_CHECK = """
 import contextlib, io, json
 import numpy as np
 import npattn
-from npattn import warmup
+from npattn.tools import warmup
 from test_stress import make_calls
 from test_jit import all_kernels
 
@@ -118,7 +118,7 @@ def test_after_warmup_a_new_process_compiles_nothing(warmed):
     assert result["n_signatures"] >= 30
 
 
-WARM_SOME = "import sys\nfrom npattn.warmup import main\nsys.exit(main({argv!r}))"
+WARM_SOME = "import sys\nfrom npattn.tools.warmup import main\nsys.exit(main({argv!r}))"
 
 
 def test_parallel_warmup_fills_an_empty_cache(tmp_path):
@@ -146,7 +146,7 @@ def die_in_worker(dtype_name, step_names, lock_path):
 
 DEAD_WORKER = """
 import sys
-from npattn import warmup
+from npattn.tools import warmup
 import test_first_use
 warmup._warm_unit = test_first_use.die_in_worker      # (the workers import it by this name)
 sys.exit(warmup.main(["--ops", "dropout", "--jobs", "2"]))
@@ -166,7 +166,7 @@ LOCKED_WRITE = """
 import json, sys, time
 import numpy as np
 import npattn
-from npattn import warmup
+from npattn.tools import warmup
 assert warmup._lock_cache_writes(sys.argv[1])
 assert warmup._lock_cache_writes(sys.argv[1])           # a second call installs nothing more
 start = time.perf_counter()
@@ -217,7 +217,7 @@ def test_a_warmup_worker_writes_the_cache_only_under_the_lock(tmp_path):
 
 
 def test_warmup_rejects_bad_jobs_and_unknown_ops(capsys):
-    from npattn.warmup import main
+    from npattn.tools.warmup import main
     for argv, word in ((["--jobs", "0"], "--jobs"), (["--ops", "softmax,conv2d"], "conv2d")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
@@ -226,7 +226,7 @@ def test_warmup_rejects_bad_jobs_and_unknown_ops(capsys):
 
 
 def test_warmup_rejects_an_unknown_dtype(capsys):
-    from npattn.warmup import main
+    from npattn.tools.warmup import main
     with pytest.raises(SystemExit) as exit_info:
         main(["--dtype", "float16"])
     assert exit_info.value.code == 2

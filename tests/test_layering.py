@@ -1,4 +1,4 @@
-"""The layering of ARCHITECTURE.md, held by reading imports: arrows point down only.
+"""The layering of docs/architecture.md §2, held by reading imports: arrows point down only.
 
 kernels/ never sees a check or a Python object; functional/ never loops over elements; the
 textbook imports nothing but NumPy; nothing below the people layer imports anything above it;
@@ -74,13 +74,31 @@ def test_imports_point_down(path):
             f"{name} imports {imported}; its layer may import only {sorted(allowed)} and the stdlib"
 
 
+TOOLS = "npattn.tools"   # the people layer: the command and its subcommands, on top of all
+PEOPLE = {"npattn", "npattn.__main__"}
+
+
+def is_tool(name):
+    return name == TOOLS or name.startswith(TOOLS + ".")
+
+
 def test_every_layer_is_checked():
-    """A new top-level module must be placed in a layer here (or be the people layer)."""
-    people = {"npattn", "npattn.__main__", "npattn.cli", "npattn.explain", "npattn.demo",
-              "npattn.warmup", "npattn.info"}
+    """A new module must be placed in a layer here, or be a tool (the people layer)."""
     for path in MODULES:
         name = module_name(path)
-        assert rule_for(name) is not None or name in people, f"{name} has no layering rule"
+        assert rule_for(name) is not None or name in PEOPLE or is_tool(name), \
+            f"{name} has no layering rule"
+
+
+def test_only_the_tools_import_the_tools():
+    """The library never depends on its commands: only npattn.tools and ``python -m npattn``
+    import from npattn.tools."""
+    for path in MODULES:
+        name = module_name(path)
+        if is_tool(name) or name == "npattn.__main__":
+            continue
+        for imported in imports(path):
+            assert not is_tool(imported), f"{name} imports {imported}: the library imports no tool"
 
 
 def test_only_jit_calls_njit():

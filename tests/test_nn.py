@@ -776,3 +776,20 @@ def test_backward_rejects_a_mismatched_dout(module, x, bad, words):
         module.backward(bad)
     for word in words:
         assert word in str(info.value)
+
+
+def test_subpackages_are_attributes_after_import_npattn_and_load_only_when_used():
+    """``import npattn`` then ``npattn.nn.Linear``, as with ``torch.nn``; the import itself
+    does not load them (fresh interpreter: this process has them loaded already)."""
+    import subprocess
+    import sys
+    code = ("import sys, npattn\n"
+            "print(sorted(m for m in ('npattn.nn', 'npattn.optim', 'npattn.gradcheck')"
+            " if m in sys.modules))\n"
+            "layer = npattn.nn.Linear(3, 2)\n"
+            "opt = npattn.optim.SGD(layer.parameters(), lr=0.1)\n"
+            "print(type(layer).__name__, type(opt).__name__, callable(npattn.gradcheck.gradcheck))\n"
+            "try:\n    npattn.no_such_thing\nexcept AttributeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["[]", "Linear SGD True", "module 'npattn' has no attribute 'no_such_thing'"]

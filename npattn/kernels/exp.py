@@ -6,9 +6,11 @@ the C library's ``exp`` per element (which LLVM cannot vectorise here: Numba has
 ``r`` is formed with ln 2 split in two parts (Cody-Waite: t·LN2_HI is exact), ``exp(r)`` is its
 Taylor series to degree 13 (the first term left out is below 1e-17 relative), evaluated by
 Horner's rule with fused multiply-adds, and 2^t is built from its bits: (t + 1023) << 52 is the
-float64 whose value is 2^t. Everything is computed in float64, also for float32 rows, so the
-result is within 1 ulp of the true value in float64 and correctly rounded to float32 in
-practice (measured over 2^20 values of [-∞, 0]: max 1.0 ulp float64, 0.5 ulp float32).
+float64 whose value is 2^t; the result is within 1 ulp of the true value (measured over 2^20
+values of [-∞, 0]: max 1.0 ulp). ``exp_parts_f32`` and its callers do the same steps in float32
+arithmetic with twice the lanes (a degree-7 series, whose error is below float32's half ulp;
+(t + 127) << 23); ``exp_shifted_native`` picks the arithmetic of the input's dtype (softmax and
+the attention engine use it), ``exp_shifted`` computes in float64 for any input.
 
 Edges: x < -708 (where 2^t would leave float64's normal range) and x = -inf give 0; NaN gives
 NaN. x > 0 is outside the contract (softmax only ever exponentiates x - max(x) <= 0).

@@ -23,10 +23,10 @@ import numba
 import numpy as np
 from numba.core import caching
 
-from . import __version__, _jit
-from .functional.softmax import softmax
-from .kernels import tiles
-from .kernels.softmax import softmax_forward_kernel
+from .. import __version__, _jit
+from ..functional.softmax import softmax
+from ..kernels import tiles
+from ..kernels.softmax import softmax_forward_kernel
 
 #: CPU features worth knowing for npattn's kernels (LLVM's names; only those LLVM lists for
 #: this architecture are shown).

@@ -30,7 +30,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import (attention, attention_backward, dropout_mask, linear, linear_backward, matmul,
+from .. import (attention, attention_backward, dropout_mask, linear, linear_backward, matmul,
                matmul_backward, reference, softmax, softmax_backward)
 
 #: A fast result may differ from the float64 textbook by this many machine epsilons of its

@@ -46,9 +46,9 @@ import time
 import numba
 import numpy as np
 
-from . import _jit
-from . import kernels as _kernels_package
-from .kernels import tiles
+from .. import _jit
+from .. import kernels as _kernels_package
+from ..kernels import tiles
 
 DTYPES = {"float32": (np.float32,), "float64": (np.float64,), "both": (np.float32, np.float64)}
 

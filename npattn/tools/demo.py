@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from .functional.cross_entropy import cross_entropy, cross_entropy_backward
-from . import nn
-from .optim import Adam
+from ..functional.cross_entropy import cross_entropy, cross_entropy_backward
+from .. import nn
+from ..optim import Adam
 
 VOCAB = 10  # the digits 0-9
 
