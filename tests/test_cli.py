@@ -25,7 +25,7 @@ import pytest
 import npattn
 import npattn.kernels.softmax
 from npattn import _jit
-from npattn.tools import cli, info
+from npattn.tools import cli, info, progress
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -118,6 +118,75 @@ def test_a_missing_command_module_is_reported(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "npattn.tools.demo", None)      # import fails as if absent
     assert cli.main(["demo"]) == 2
     assert "npattn.tools.demo" in capsys.readouterr().err
+
+
+# --------------------------------------------------------- what a cold run says while compiling
+
+def _fresh_kernels():
+    """(outer, inner): two new njit functions, outer calling inner, in no disk cache."""
+    @numba.njit
+    def inner(x):
+        return x * 2
+
+    @numba.njit
+    def outer(x):
+        return inner(x) + 1
+    return outer, inner
+
+
+def test_compile_progress_names_each_outermost_compile_once_and_warm_calls_say_nothing():
+    outer, _ = _fresh_kernels()
+    out = io.StringIO()
+    with progress.compile_progress(out) as listener:
+        outer(np.ones(3, np.float32))                # compiles outer, and inner inside it
+        first = out.getvalue()
+        outer(np.ones(3, np.float32))                # compiled: no event, no line
+        assert out.getvalue() == first
+    text = out.getvalue()
+    lines = [line for line in text.splitlines() if re.match(r"\s+\[\d+\]", line)]
+    assert len(lines) == 1 and listener.count == 1, text
+    assert "outer" in lines[0] and "(float32)" in lines[0], lines
+    assert re.search(r"\.\.\. \d+\.\d s$", lines[0]), lines     # its time, on its own line
+    assert text.startswith("npattn: compiling")
+    assert text.splitlines()[-1].startswith("npattn: 1 kernel compiled in ")
+
+
+def test_library_calls_never_print_while_compiling(capfd):
+    outer, _ = _fresh_kernels()
+    outer(np.ones(3, np.float64))                    # outside compile_progress: silent
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_a_command_reports_the_kernels_it_compiles(monkeypatch, capsys):
+    outer, _ = _fresh_kernels()
+    stub = types.ModuleType("npattn.tools.demo")
+    stub.main = lambda argv=None: int(outer(np.ones(2, np.float64))[0]) - 3    # 2·1 + 1 - 3
+    monkeypatch.setitem(sys.modules, "npattn.tools.demo", stub)
+    assert cli.main(["demo"]) == 0
+    err = capsys.readouterr().err
+    assert "npattn: compiling" in err and "outer" in err and "(float64)" in err, err
+    assert cli.main(["demo"]) == 0                   # warm: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_info_counts_the_kernels_cached_for_this_cpu(tmp_path):
+    """In an empty cache nothing is cached; after one float32 softmax its kernel is, for this
+    CPU, and no float64 kernel is."""
+    code = ("import numpy as np, npattn\n"
+            "from npattn.tools import info\n"
+            "before = info.cached_kernels()\n"
+            "npattn.softmax(np.ones((2, 8), np.float32))\n"
+            "after = info.cached_kernels()\n"
+            "print(before, after)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600,
+                          env=dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    before, after = (eval(part) for part in re.findall(r"\{[^}]*\}", done.stdout))
+    assert all(n == 0 and of > 0 for n, of in before.values()), before
+    assert after["float32"][0] == 1 and after["float64"][0] == 0, after
+    assert after["float32"][1] == before["float32"][1]
 
 
 @pytest.mark.parametrize("ok", [True, False])

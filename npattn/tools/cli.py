@@ -11,6 +11,7 @@ import os
 import sys
 
 from .. import __version__
+from .progress import compile_progress
 
 #: command -> (module, one-line help); each module has ``main(argv=None) -> int`` (and may take
 #: ``prog=``, the name its usage line shows).
@@ -25,6 +26,9 @@ COMMANDS = {
     "warmup": ("npattn.tools.warmup", "compile every kernel into Numba's disk cache ahead of time "
                                 "(container images, CI caches)"),
 }
+
+#: Commands that report their own compiling (warmup: per step, from several processes).
+QUIET_COMPILES = {"warmup"}
 
 
 def _prog():
@@ -70,6 +74,9 @@ def main(argv=None):
         print(f"{prog} {args.command}: not available in this installation ({module_name} is "
               "missing)", file=sys.stderr)
         return 2
-    if "prog" in inspect.signature(module.main).parameters:
-        return module.main(rest, prog=f"{prog} {args.command}")
-    return module.main(rest)
+    kwargs = ({"prog": f"{prog} {args.command}"}
+              if "prog" in inspect.signature(module.main).parameters else {})
+    if args.command in QUIET_COMPILES:
+        return module.main(rest, **kwargs)
+    with compile_progress():                             # a cold run says what it compiles
+        return module.main(rest, **kwargs)

@@ -142,6 +142,32 @@ def kernel_cache():
                 candidates=candidates)
 
 
+def cached_kernels():
+    """{dtype: (cached, of)}: how many of npattn's parallel kernels (those of the register tile
+    in force, and of the other kernel modules) have a variant for this CPU in the disk cache.
+
+    Read from each kernel's cache index, whose keys hold the signature and the CPU (Numba's
+    ``magic_tuple``: triple, CPU name, features) it was compiled for; nothing is loaded or
+    compiled. The index reader is Numba's (``Cache._cache_file._load_index``, a private API):
+    a Numba without it counts nothing as cached."""
+    from .warmup import _float_dtypes, _instance_dtype, parallel_kernels
+    magic = numba.core.registry.cpu_target.target_context.codegen().magic_tuple()
+    counts = {d: [0, 0] for d in tiles.DTYPES}
+    for name, kernel in parallel_kernels().items():
+        index_file = getattr(getattr(kernel.dispatcher, "_cache", None), "_cache_file", None)
+        try:
+            index = index_file._load_index() if index_file is not None else {}
+        except Exception:            # an unreadable index is an empty one, as for Numba
+            index = {}
+        here = [key[0] for key in index if key[1] == magic]
+        have = set().union(*(_float_dtypes(sig) for sig in here)) if here else set()
+        only = _instance_dtype(name)
+        for d in (tiles.DTYPES if only is None else (only,)):
+            counts[d][1] += 1
+            counts[d][0] += d in have or (bool(here) and not have)   # (no float array argument)
+    return {d: tuple(c) for d, c in counts.items()}
+
+
 def cpu():
     features = llvmlite.binding.get_host_cpu_features()
     known = [f for f in SIMD_FEATURES if f in features]
@@ -180,7 +206,7 @@ def torch_status():
 def collect():
     """Every fact ``npattn info`` prints, as a dict of dicts (one per section)."""
     facts = dict(versions=versions(), threads=threads(), settings=settings())
-    facts.update(cache=kernel_cache(), cpu=cpu(), tiles=register_tiles(),
+    facts.update(cache=kernel_cache(), cached=cached_kernels(), cpu=cpu(), tiles=register_tiles(),
                  environment=environment(),
                  torch=torch_status())
     return facts
@@ -264,6 +290,12 @@ def report(facts, out=None):
     say(f"  writable         {'yes' if c['writable'] else 'no'}")
     say(f"  contents         {c['index_files']} kernel index files (.nbi), {c['data_files']} "
         f"compiled variants (.nbc)")
+    cached = facts["cached"]
+    say("  for this CPU     " + ", ".join(f"{d}: {n} of {of}" for d, (n, of) in cached.items())
+        + " parallel kernels cached")
+    if any(n < of for n, of in cached.values()):
+        say("                   (the rest compile on first use; `npattn warmup` compiles them "
+            "now)")
 
     say()
     say("CPU (as LLVM sees it; kernels are compiled for it)")
