@@ -21,15 +21,23 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 # ---------------------------------------------------------------- building blocks
 
+def converted(name, value, expected, convert=np.asarray, **options):
+    """``convert(value, **options)`` (``np.asarray`` by default, ``np.array`` for a copy), or
+    TypeError "<name> must be <expected>; got <type> that NumPy cannot convert (<why>)" for
+    what NumPy refuses (ragged lists, strings for a float dtype...). The one place npattn turns
+    a NumPy conversion error into its own wording."""
+    try:
+        return convert(value, **options)
+    except (ValueError, TypeError) as exc:
+        raise TypeError(f"{name} must be {expected}; got {type(value).__name__} that NumPy "
+                        f"cannot convert ({exc})") from None
+
+
 def float_array(name, value):
     """``value`` as a float32/float64 ndarray (no copy when it already is one)."""
     if value is None:
         raise TypeError(f"{name} must be a float32 or float64 array; got None")
-    try:
-        arr = np.asarray(value)
-    except (ValueError, TypeError) as exc:  # ragged lists and the like
-        raise TypeError(f"{name} must be a float32 or float64 array; got {type(value).__name__} "
-                        f"that NumPy cannot convert ({exc})") from None
+    arr = converted(name, value, "a float32 or float64 array")
     if arr.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have dtype float32 or float64; got {arr.dtype}")
     return arr
@@ -246,11 +254,7 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
                          f"{value.shape}") from None
     full = batch + (heads, n_rows, n_keys)                       # the scores' shape
     if mask is not None:
-        try:
-            mask = np.asarray(mask)
-        except (ValueError, TypeError) as exc:
-            raise TypeError(f"{mask_name} must be a bool or {query.dtype} array; got "
-                            f"{type(mask).__name__} that NumPy cannot convert ({exc})") from None
+        mask = converted(mask_name, mask, f"a bool or {query.dtype} array")
         if mask.dtype != np.bool_ and mask.dtype != query.dtype:
             raise TypeError(f"{mask_name} must have dtype bool (True = takes part) or "
                             f"{query.dtype} (added to the scores, as query); got {mask.dtype}")
@@ -297,11 +301,7 @@ def index_array(name, value, what="an integer array"):
     """``value`` as an integer ndarray: bool and float arrays are a ``TypeError``."""
     if value is None:
         raise TypeError(f"{name} must be {what}; got None")
-    try:
-        arr = np.asarray(value)
-    except (ValueError, TypeError) as exc:
-        raise TypeError(f"{name} must be {what}; got {type(value).__name__} that NumPy cannot "
-                        f"convert ({exc})") from None
+    arr = converted(name, value, what)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name} must be {what}; got dtype {arr.dtype}")
     return arr

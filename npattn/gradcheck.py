@@ -49,6 +49,8 @@ from collections import namedtuple
 
 import numpy as np
 
+from ._checks import converted
+
 DOUT_STREAM = 0x6772616463686B  # 'gradchk': keeps dout apart from the caller's draws
 
 #: The worst element of a check: which input (an index into ``inputs``, or a parameter's
@@ -176,11 +178,8 @@ def _dout(dout, shape, seed):
         # a stream of its own: from default_rng(seed) alone, dout would equal a test input
         # drawn with the same seed, and a symmetric gradient would hide a transposed one
         return np.random.default_rng([seed, DOUT_STREAM]).standard_normal(shape)  # output's shape
-    try:
-        dout = np.array(dout, dtype=np.float64)
-    except (ValueError, TypeError) as exc:                            # strings, ragged lists
-        raise TypeError(f"dout must be a float array of forward's output shape {shape}; got "
-                        f"{type(dout).__name__} that NumPy cannot convert ({exc})") from None
+    dout = converted("dout", dout, f"a float array of forward's output shape {shape}", np.array,
+                     dtype=np.float64)
     if dout.shape != shape:
         raise ValueError(f"dout must have the shape of forward's output {shape}; got {dout.shape}")
     return dout
@@ -255,12 +254,7 @@ class _Checker:
 
     def check(self, key, analytic, target, objective, what):
         """Compare ``analytic`` with central differences of ``objective`` over ``target``."""
-        try:
-            analytic = np.asarray(analytic)
-        except (ValueError, TypeError) as exc:                    # ragged lists and the like
-            raise TypeError(f"{what} for {_label(key)} must be a float array; got "
-                            f"{type(analytic).__name__} that NumPy cannot convert "
-                            f"({exc})") from None
+        analytic = converted(f"{what} for {_label(key)}", analytic, "a float array")
         if not (np.issubdtype(analytic.dtype, np.floating)
                 or np.issubdtype(analytic.dtype, np.integer)):
             raise TypeError(f"{what} for {_label(key)} must be a float array; got dtype "

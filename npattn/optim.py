@@ -32,6 +32,8 @@ import numbers
 
 import numpy as np
 
+from ._checks import converted
+from ._checks import converted
 from .nn.module import Parameter
 
 
@@ -162,12 +164,8 @@ class Optimizer:
         grad = param.grad
         if grad is None:
             return None
-        try:
-            grad = np.asarray(grad)
-        except (ValueError, TypeError) as exc:            # ragged lists and the like
-            raise TypeError(f"a parameter's grad must be an array of its data's dtype "
-                            f"{param.data.dtype}; got {type(param.grad).__name__} that NumPy "
-                            f"cannot convert ({exc})") from None
+        grad = converted("a parameter's grad", grad,
+                         f"an array of its data's dtype {param.data.dtype}")
         if grad.shape != param.data.shape:
             raise ValueError(f"a parameter's grad must have its data's shape {param.data.shape}; "
                              f"got {grad.shape}")
@@ -263,12 +261,9 @@ class Optimizer:
                 return float(np.asarray(value))
             except (ValueError, TypeError, OverflowError) as exc:
                 raise TypeError(f"state 'step' must be a number; got {value!r} ({exc})") from None
-        try:
-            array = np.array(value, dtype=param.data.dtype, order="C")
-        except (ValueError, TypeError) as exc:
-            raise TypeError(f"state {key!r} must be an array of the parameter's shape "
-                            f"{param.data.shape}; got {type(value).__name__} that NumPy cannot "
-                            f"convert ({exc})") from None
+        array = converted(f"state {key!r}", value,
+                          f"an array of the parameter's shape {param.data.shape}", np.array,
+                          dtype=param.data.dtype, order="C")
         if array.shape != param.data.shape:
             raise ValueError(f"state {key!r} must have the parameter's shape {param.data.shape}; "
                              f"got {array.shape}")

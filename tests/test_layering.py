@@ -21,8 +21,8 @@ ALLOWED = {
     "npattn.kernels": {"numpy", "numba", "npattn._jit", "npattn.kernels"},
     "npattn.functional": {"numpy", "npattn._checks", "npattn.kernels"},
     "npattn.nn": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn"},
-    "npattn.optim": {"numpy", "npattn.nn"},
-    "npattn.gradcheck": {"numpy"},
+    "npattn.optim": {"numpy", "npattn._checks", "npattn.nn"},
+    "npattn.gradcheck": {"numpy", "npattn._checks"},
 }
 
 

@@ -99,11 +99,7 @@ def _merge_heads(x, batch_first):
 
 def _mask_array(name, mask, dtype):
     """A PyTorch MHA mask: bool (True = ignore) or a float array of the module's dtype."""
-    try:
-        mask = np.asarray(mask)
-    except (ValueError, TypeError) as exc:
-        raise TypeError(f"{name} must be a bool or {dtype} array; got "
-                        f"{type(mask).__name__} that NumPy cannot convert ({exc})") from None
+    mask = _checks.converted(name, mask, f"a bool or {dtype} array")
     if mask.dtype != np.bool_ and mask.dtype != dtype:
         raise TypeError(f"{name} must have dtype bool (True = ignore) or {dtype} (added to "
                         f"the scores, as the module's parameters); got {mask.dtype}")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+from .._checks import FLOAT_DTYPES, converted
 
 
 class Parameter:
@@ -29,11 +29,8 @@ class Parameter:
     __slots__ = ("data", "grad")
 
     def __init__(self, data):
-        try:
-            data = np.array(data, order="C")            # a copy the module owns
-        except (ValueError, TypeError) as exc:          # ragged lists and the like
-            raise TypeError(f"Parameter data must be a float32 or float64 array; got "
-                            f"{type(data).__name__} that NumPy cannot convert ({exc})") from None
+        data = converted("Parameter data", data, "a float32 or float64 array",   # a copy the
+                         np.array, order="C")                                    # module owns
         if data.dtype not in FLOAT_DTYPES:
             raise TypeError(f"Parameter data must have dtype float32 or float64; got {data.dtype}")
         self.data = data
@@ -50,11 +47,7 @@ class Parameter:
     def accumulate(self, grad):
         """``grad += g``: how every backward hands a parameter its gradient. ``g`` must be a
         float array of the parameter's shape (it is rounded to the parameter's dtype)."""
-        try:
-            g = np.asarray(grad)
-        except (ValueError, TypeError) as exc:
-            raise TypeError(f"grad must be a float array; got {type(grad).__name__} that "
-                            f"NumPy cannot convert ({exc})") from None
+        g = converted("grad", grad, "a float array")
         if g.dtype not in FLOAT_DTYPES:
             raise TypeError(f"grad must be a float32 or float64 array; got dtype {g.dtype}")
         if g.shape != self.data.shape:
@@ -189,12 +182,7 @@ class Module:
                 current = getattr(*owners[key])
             else:
                 continue
-            try:
-                value = np.asarray(value)
-            except (ValueError, TypeError) as exc:      # ragged lists and the like
-                raise TypeError(f"state_dict[{key!r}] must be a float array; got "
-                                f"{type(value).__name__} that NumPy cannot convert "
-                                f"({exc})") from None
+            value = converted(f"state_dict[{key!r}]", value, "a float array")
             if value.shape != current.shape:
                 raise ValueError(f"state_dict[{key!r}] must have shape {current.shape}; "
                                  f"got {value.shape}")
