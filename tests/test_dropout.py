@@ -1,8 +1,10 @@
 """dropout_forward / dropout_backward / dropout_mask and the counter-based generator behind them.
 
-The mask is ours alone (PyTorch draws from its own generator), so the textbook and PyTorch are
-both given our mask; the generator itself is held to a pure-Python copy of its formula, to the
-published SplitMix64 sequence, to binomial bounds and to a few balance tests.
+The mask is ours alone (PyTorch draws from its own generator), so the textbook is given our
+mask, and PyTorch is met where it decides independently: the fraction it keeps, the values and
+gradients it produces, and the p = 0 and p = 1 edges. The generator itself is held to a
+pure-Python copy of its formula, to the published SplitMix64 sequence, to binomial bounds and to
+a few balance tests.
 """
 import os
 import subprocess
@@ -260,17 +262,59 @@ def test_generator_bits_are_balanced(seed):
         assert 150 <= chi_square(counts) <= 400, name
 
 
-# ------------------------------------------------------------------ PyTorch, given our mask
+# ------------------------------------------------------------------ PyTorch, with its own mask
 
-@given(case=dropout_cases(kinds=("normal",)), p=st.floats(0.0, 0.99))
-def test_dropout_matches_torch(torch, case, p):
-    x, dout, _, seed = case
-    keep_mask = dropout_mask(x.shape, p, seed)
-    tx = torch.tensor(f64(x)[0], requires_grad=True)
-    tout = tx * torch.tensor(keep_mask) / (1 - p)
-    tout.backward(torch.tensor(f64(dout)[0]))
-    assert_close(dropout(x, p, seed), tout.detach().numpy(), dtype=x.dtype, n=1)
-    assert_close(dropout_backward(dout, p, seed), tx.grad.numpy(), dtype=x.dtype, n=1)
+def kept_fractions_agree(keep, p, blocks=20):
+    """The fraction kept -- overall, in each of ``blocks`` row blocks and in each of ``blocks``
+    column blocks -- is Binomial(n, 1-p)/n: within 6 sd of 1 - p (each check fails a correct
+    generator with probability 2e-9)."""
+    rows, cols = keep.shape
+    parts = [keep] + np.split(keep, blocks, axis=0) + np.split(keep, blocks, axis=1)
+    for part in parts:
+        sd = np.sqrt(p * (1 - p) / part.size)
+        assert abs(part.mean() - (1 - p)) <= 6 * sd + 1e-12, (part.shape, part.mean(), 1 - p)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_dropout_matches_torch(torch, dtype, p):
+    """torch.nn.functional.dropout on the same input, with PyTorch's own generator (fixed seeds):
+    both keep a fraction 1 - p of the entries (binomial bounds, evenly over rows and columns);
+    the values both produce from an all-ones input are exactly {0, 1/(1-p)} -- the same
+    1/(1-p), bitwise -- and our backward is dout·keep·(torch's kept value), the rule torch's
+    autograd applies with torch's mask. p = 0 is the identity, p = 1 all zeros, as in torch."""
+    shape = (400, 500)
+    tdtype = {np.float32: torch.float32, np.float64: torch.float64}[dtype]
+    torch.manual_seed(20240607)
+    tx = torch.ones(shape, dtype=tdtype, requires_grad=True)
+    tout = torch.nn.functional.dropout(tx, p, training=True)
+    dout = np.random.default_rng(7).standard_normal(shape).astype(dtype)
+    tout.backward(torch.tensor(dout))
+    t_out, t_grad = tout.detach().numpy(), tx.grad.numpy()
+    x = np.ones(shape, dtype)
+    out = dropout(x, p, seed=12345)
+    dx = dropout_backward(dout, p, seed=12345)
+    assert out.dtype == dx.dtype == np.dtype(dtype)
+    t_keep, keep = t_out != 0, out != 0
+    if p == 0:                               # the identity: everything kept, unscaled
+        assert t_keep.all() and np.array_equal(out, t_out) and np.array_equal(dx, t_grad)
+        assert np.array_equal(dx, dout)
+        return
+    if p == 1:                               # everything dropped: zeros, and zero gradients
+        assert not t_keep.any() and not keep.any()
+        assert np.array_equal(out, t_out) and np.array_equal(dx, t_grad) and not dx.any()
+        return
+    kept_fractions_agree(t_keep, p)          # (the statistics hold for torch's mask ...)
+    kept_fractions_agree(keep, p)            # (... and for ours)
+    t_values, values = np.unique(t_out), np.unique(out)
+    assert t_values.size == 2 and t_values[0] == 0      # torch: exactly {0, 1/(1-p)}
+    assert np.array_equal(values, t_values), (values, t_values)   # ours: the same two values
+    assert_close(t_values[1], 1 / (1 - p), dtype=dtype, n=2)
+    scale = t_values[1]
+    # torch's autograd: dout·mask·scale with its own mask; ours: the same with our mask
+    assert np.array_equal(t_grad, np.where(t_keep, dout * scale, 0).astype(dtype))
+    assert np.array_equal(dx, np.where(keep, dout * scale, 0).astype(dtype))
+    assert np.array_equal(keep, dropout_mask(shape, p, 12345))
 
 
 @given(case=dropout_cases(kinds=("normal",)), p=st.floats(0.0, 0.99))

@@ -1,11 +1,12 @@
 """linear_forward / linear_backward against the float64 textbook and against PyTorch."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from closeness import abs64, assert_close, f64
 from npattn import reference
 from npattn.functional.linear import linear, linear_backward, linear_forward
+from npattn.kernels import tiles
 from strategies import arrays, dims, dtypes, shapes
 
 pytestmark = pytest.mark.kernel        # run again under each register tile in CI
@@ -24,8 +25,7 @@ def linear_cases(draw, kinds=("normal", "wide")):
     return x, weight, bias, dout
 
 
-@given(case=linear_cases())
-def test_linear_forward_matches_reference(case):
+def check_forward(case):
     x, weight, bias, _ = case
     got = linear_forward(x, weight, bias)
     want = reference.linear_forward(*f64(x, weight, bias))
@@ -33,8 +33,7 @@ def test_linear_forward_matches_reference(case):
     assert_close(got, want, dtype=x.dtype, n=x.shape[-1] + 1, scale=scale)
 
 
-@given(case=linear_cases())
-def test_linear_backward_matches_reference(case):
+def check_backward(case):
     x, weight, bias, dout = case            # dout is random: an all-ones dout hides bugs
     dx, dweight, dbias = linear_backward(dout, x, weight, bias)
     want = reference.linear_backward(*f64(dout, x, weight, bias))
@@ -48,8 +47,7 @@ def test_linear_backward_matches_reference(case):
         assert_close(dbias, want[2], dtype=x.dtype, n=rows, scale=abs_[2])
 
 
-@given(case=linear_cases())
-def test_linear_matches_torch(torch, case):
+def check_torch(torch, case):
     x, weight, bias, dout = case
     tx, tw = (torch.tensor(a, requires_grad=True) for a in f64(x, weight))
     tb = None if bias is None else torch.tensor(f64(bias)[0], requires_grad=True)
@@ -65,6 +63,58 @@ def test_linear_matches_torch(torch, case):
     assert_close(got[1], tw.grad.numpy(), dtype=x.dtype, n=rows, scale=abs_[1])
     if bias is not None:
         assert_close(got[2], tb.grad.numpy(), dtype=x.dtype, n=rows, scale=abs_[2])
+
+
+@given(case=linear_cases())
+def test_linear_forward_matches_reference(case):
+    check_forward(case)
+
+
+@given(case=linear_cases())
+def test_linear_backward_matches_reference(case):
+    check_backward(case)
+
+
+@given(case=linear_cases())
+def test_linear_matches_torch(torch, case):
+    check_torch(torch, case)
+
+
+def small_limit(dtype):
+    """gemm's SMALL (multiply-adds up to which x·Wᵀ takes the unpacked small_dot_kernel), read
+    from the engine instance the functional layer calls for ``dtype`` (tiles.gemm)."""
+    return tiles.engine("gemm", dtype).SMALL
+
+
+@st.composite
+def packed_linear_cases(draw, kinds=("normal", "wide")):
+    """linear_cases past SMALL: rows·Fout·Fin > SMALL multiply-adds with modest dims, so the
+    forward product takes the packed (blocked) engine instead of small_dot_kernel."""
+    dtype = draw(dtypes)
+    fin, fout = draw(st.integers(100, 300)), draw(st.integers(20, 90))
+    rows = small_limit(dtype) // (fin * fout) + 1 + draw(st.integers(0, 9))
+    lead = (rows,) if draw(st.booleans()) else (2, (rows + 1) // 2)
+    x = draw(arrays(lead + (fin,), dtype, kinds))
+    weight = draw(arrays((fout, fin), dtype, kinds))
+    bias = draw(st.none() | arrays((fout,), dtype, kinds))
+    dout = draw(arrays(lead + (fout,), dtype, kinds))
+    return x, weight, bias, dout
+
+
+@settings(max_examples=12, deadline=None)
+@given(case=packed_linear_cases())
+def test_linear_past_the_small_product_path_matches_reference(case):
+    x, weight, _, _ = case
+    rows = int(np.prod(x.shape[:-1]))
+    assert rows * weight.shape[0] * x.shape[-1] > small_limit(x.dtype)   # the packed path
+    check_forward(case)
+    check_backward(case)
+
+
+@settings(max_examples=4, deadline=None)
+@given(case=packed_linear_cases())
+def test_linear_past_the_small_product_path_matches_torch(torch, case):
+    check_torch(torch, case)
 
 
 def test_article_example_shapes():

@@ -3,11 +3,12 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from closeness import abs64, assert_close, f64
 from npattn import reference
 from npattn.functional.matmul import matmul, matmul_backward, matmul_forward
+from npattn.kernels import tiles
 from strategies import arrays, broadcastable_batches, dims, dtypes, make_values, shapes
 
 pytestmark = pytest.mark.kernel        # run again under each register tile in CI
@@ -87,7 +88,10 @@ def test_matmul_propagates_nan(case):
 
 @given(case=matmul_cases())
 def test_matmul_matches_torch(torch, case):
-    a, b, dout = case
+    check_against_torch(torch, *case)
+
+
+def check_against_torch(torch, a, b, dout):
     ta, tb = (torch.tensor(x, requires_grad=True) for x in f64(a, b))
     tout = torch.matmul(ta, tb)
     tout.backward(torch.tensor(f64(dout)[0]))
@@ -98,6 +102,43 @@ def test_matmul_matches_torch(torch, case):
     abs_ = reference.matmul_backward(*abs64(dout, a, b))
     assert_close(da, ta.grad.numpy(), dtype=a.dtype, n=n_da, scale=abs_[0])
     assert_close(db, tb.grad.numpy(), dtype=a.dtype, n=n_db, scale=abs_[1])
+
+
+def k_block(dtype):
+    """gemm's KC (the K block of its packed path), from the engine instance the functional layer
+    calls for ``dtype`` (tiles.gemm)."""
+    return tiles.engine("gemm", dtype).KC
+
+
+@st.composite
+def long_k_cases(draw, kinds=("normal", "wide")):
+    """matmul_cases with K across one or two K blocks: K in [KC + 1, 2·KC + 17]."""
+    dtype = draw(dtypes)
+    kc = k_block(dtype)
+    m, k, n = draw(dims(12)), draw(st.integers(kc + 1, 2 * kc + 17)), draw(dims(12))
+    batch_a, batch_b = draw(broadcastable_batches(max_ndim=2, max_dim=3))
+    vector = st.sampled_from([False, False, False, True])
+    shape_a = (k,) if draw(vector) else batch_a + (m, k)
+    shape_b = (k,) if draw(vector) else batch_b + (k, n)
+    a = draw(arrays(shape_a, dtype, kinds))
+    b = draw(arrays(shape_b, dtype, kinds))
+    out_shape = matmul_shapes(shape_a, shape_b)[0]
+    dout = draw(arrays(out_shape, dtype, kinds)).reshape(out_shape)
+    return a, b, dout
+
+
+@settings(max_examples=12, deadline=None)
+@given(case=long_k_cases())
+def test_matmul_across_k_blocks_matches_reference(case):
+    a, b, _ = case
+    assert a.shape[-1] > k_block(a.dtype)
+    check_against_reference(*case)
+
+
+@settings(max_examples=6, deadline=None)
+@given(case=long_k_cases())
+def test_matmul_across_k_blocks_matches_torch(torch, case):
+    check_against_torch(torch, *case)
 
 
 EDGE_SHAPES = [
