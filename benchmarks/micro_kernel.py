@@ -33,6 +33,7 @@ AVX2_FEATURES = ("+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+popcnt,+sse4.2,+sse4.
                  "-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512cd")
 #: The candidates measured when --tiles is not given: around each ISA's tiles in npattn.
 DEFAULT_TILES = ("3x16:float32,4x16:float32,5x16:float32,6x16:float32,8x16:float32,"
+                 "4x32:float32,6x32:float32,8x32:float32,16x16:float32,"
                  "3x8:float64,4x8:float64,5x8:float64,6x8:float64,8x8:float64,8x16:float64")
 KC = 256
 

@@ -268,7 +268,7 @@ def close(got, want, dtype, scale=1.0, what="result"):
 
 
 def sizes(small=5):
-    """A dim: mostly 0..small, sometimes past the kernels' 8×16 tiles and 16-lane panels."""
+    """A dim: mostly 0..small, sometimes past the register tiles' MR (4, 8) and NR (8, 16, 32)."""
     return st.one_of(dims(small), dims(small), dims(small), st.integers(14, 40))
 
 

@@ -46,22 +46,61 @@ def test_plain_import_of_an_engine_says_how_to_get_an_instance():
 def test_npattn_isa_is_checked(monkeypatch):
     monkeypatch.setattr(tiles, "_isa", None)
     monkeypatch.setenv("NPATTN_ISA", "sse2")
-    with pytest.raises(ValueError, match=r"NPATTN_ISA must be one of avx2, avx512; got 'sse2'"):
+    with pytest.raises(ValueError,
+                       match=r"NPATTN_ISA must be one of avx2, avx512, avx512-ymm; got 'sse2'"):
         tiles.isa_in_force()
     monkeypatch.setenv("NPATTN_ISA", "avx2")
-    assert tiles.isa_in_force() == "avx2" and tiles.other_isa() == "avx512"
+    assert tiles.isa_in_force() == "avx2" and tiles.other_isas() == ("avx512", "avx512-ymm")
 
 
-def test_host_isa_follows_the_cpu_features(monkeypatch):
-    monkeypatch.setattr(tiles, "cpu_features", lambda: {"avx", "avx2", "fma"})
-    assert tiles.host_isa() == "avx2"
-    monkeypatch.setattr(tiles, "cpu_features", lambda: {"avx2", "fma", "avx512f"})
-    assert tiles.host_isa() == "avx512"
+@pytest.mark.parametrize("features, name, family", [
+    ({"avx", "avx2", "fma"}, "znver3", "avx2"),
+    ({"avx", "avx2", "fma"}, "haswell", "avx2"),
+    ({"avx2", "fma", "avx512f"}, "znver4", "avx512"),
+    ({"avx2", "fma", "avx512f"}, "znver5", "avx512"),
+    ({"avx2", "fma", "avx512f"}, "sapphirerapids", "avx512-ymm"),
+    ({"avx2", "fma", "avx512f"}, "x86-64-v4", "avx512-ymm"),
+])
+def test_host_isa_follows_the_cpu_features_and_name(monkeypatch, features, name, family):
+    monkeypatch.setattr(tiles, "cpu_features", lambda: features)
+    monkeypatch.setattr(tiles, "cpu_name", lambda: name)
+    assert tiles.host_isa() == family
+
+
+VECTOR_PROBE = r"""
+    import json, re, numpy as np
+    from numba import njit
+    from npattn.kernels import tiles
+    @njit(fastmath={"contract"})
+    def axpy(a, x, y):
+        for i in range(y.shape[0]):
+            y[i] += a * x[i]
+    x = np.ones(1000, np.float32)
+    axpy.compile("(float32, float32[::1], float32[::1])")
+    asm = axpy.inspect_asm(axpy.signatures[0])
+    fma = re.findall(r"vfmadd\w+\s+([^\n]*)", asm)
+    print(json.dumps(dict(isa=tiles.host_isa(), cpu=tiles.cpu_name(),
+                          zmm=sum("zmm" in f for f in fma), ymm=sum("ymm" in f for f in fma))))
+"""
+#: The AVX-512 features of the CPUs below, for LLVM (code is only generated, never run).
+AVX512_FEATURES = ("+sse4.2,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+avx512f,+avx512dq,+avx512bw,"
+                   "+avx512vl,+avx512cd")
+
+
+@pytest.mark.parametrize("cpu", ["znver4", "znver5", "skylake-avx512", "icelake-server",
+                                 "sapphirerapids", "graniterapids", "x86-64-v4"])
+def test_the_avx512_family_matches_the_registers_llvm_uses(cpu):
+    """For each AVX-512 CPU name, LLVM's own vectorisation of a loop decides: zmm code for the
+    avx512 family (8×32 float32 fits 32 zmm), ymm code for avx512-ymm (8×32 would spill)."""
+    probe = json.loads(run_python(VECTOR_PROBE, NUMBA_CPU_NAME=cpu,
+                                  NUMBA_CPU_FEATURES=AVX512_FEATURES))
+    assert probe["cpu"] == cpu and probe["zmm"] + probe["ymm"] > 0, probe
+    assert probe["isa"] == ("avx512" if probe["zmm"] else "avx512-ymm"), probe
 
 
 def test_using_switches_the_engine_and_restores_it():
     before = tiles.isa_in_force()
-    with tiles.using(tiles.other_isa()):
+    with tiles.using(tiles.other_isas()[0]):
         assert tiles.engine("gemm", np.float64).TILE.isa != before
     assert tiles.engine("gemm", np.float64).TILE.isa == before
 
@@ -81,7 +120,8 @@ def test_every_tile_gives_the_same_gemm_bits(case):
     k = b.shape[2] if args[7] else b.shape[1]
     for isa, got in results.items():
         assert_close(got, want, dtype=a.dtype, n=k + 2, scale=scale)
-    np.testing.assert_array_equal(results["avx2"], results["avx512"])
+    for isa in tiles.ISAS[1:]:
+        np.testing.assert_array_equal(results[isa], results[tiles.ISAS[0]])
 
 
 CACHE_PROBE = """
@@ -108,7 +148,7 @@ def test_the_cache_never_serves_one_tiles_kernels_to_the_other(tmp_path):
     first = json.loads(run_python(CACHE_PROBE, NPATTN_ISA="avx512", **cache))
     other = json.loads(run_python(CACHE_PROBE, NPATTN_ISA="avx2", **cache))
     again = json.loads(run_python(CACHE_PROBE, NPATTN_ISA="avx2", **cache))
-    assert (first["isa"], first["micro"]) == ("avx512", "micro_8x16")
+    assert (first["isa"], first["micro"]) == ("avx512", "micro_8x32")
     assert (other["isa"], other["micro"]) == ("avx2", "micro_4x16")
     for name, (hits, misses) in other["stats"].items():
         assert misses >= 1 and hits == 0, f"{name}: avx2 was served from avx512's cache"

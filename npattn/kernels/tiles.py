@@ -4,12 +4,20 @@ The GEMM micro-kernel keeps an MR×NR tile of C in vector registers for a whole 
 (``gemm.py``), and the attention engine is built from the same tiles (``attention.py``). How
 big a tile fits depends on the register file:
 
-=========  ========================  =====================================================
-ISA        registers                 tile (float32 / float64), accumulators in registers
-=========  ========================  =====================================================
-avx2       16 × 256-bit (ymm)        4×16 / 4×8: 8 ymm accumulators, 2 B rows, broadcasts
-avx512     32 × 512-bit (zmm)        8×16 / 8×16: 8 (float32) or 16 (float64) zmm
-=========  ========================  =====================================================
+==========  ======================  ======================================================
+family      registers LLVM uses     tile (float32 / float64), accumulators in registers
+==========  ======================  ======================================================
+avx2        16 × 256-bit (ymm)      4×16 / 4×8: 8 ymm accumulators, 2 B rows, broadcasts
+avx512      32 × 512-bit (zmm)      8×32 / 8×16: 16 zmm accumulators, 2 B rows, broadcasts
+avx512-ymm  32 × 256-bit (ymm)      8×16 / 8×16: 16 (float32) or 32 (float64) ymm
+==========  ======================  ======================================================
+
+The family is the register file LLVM compiles for, which is not only the instruction set: on
+an AVX-512 CPU LLVM emits 512-bit vectors for AMD's (``znver4``, ``znver5``) but prefers
+256-bit vectors for Intel's (``skylake-avx512`` … ``graniterapids``, and ``x86-64-v4``):
+checked by compiling a loop for each of those CPU names (``tests/test_tiles.py``). An 8×32
+float32 tile compiled to ymm code needs 32 accumulators and spills, so Intel's AVX-512 CPUs get
+``avx512-ymm``, whose tiles were measured on one.
 
 Measured (``benchmarks/micro_kernel.py``: one thread, a KC = 256 product in L1, GFLOP/s,
 median of 15 interleaved rounds). AVX2 code (LLVM told ``haswell`` features, 16 ymm) on an
@@ -17,14 +25,18 @@ Intel Xeon (model 167, 2 × 256-bit FMA per cycle, the class of Zen 2/3): float3
 4×16 45, 5×16 48, 6×16 34, 8×16 25 -- from 6×16 on, LLVM's register allocator spills; float64
 3×8 22, 4×8 24, 5×8 25, 6×8 17, 3×16 25, 4×16 14, 8×16 8.5. The powers of two are taken
 (4×16, 4×8: within noise of the best, and every block size of the engines stays a multiple
-of them). AVX-512 (on Zen 5, 2 threads): 8×16 232 / 112, against 4×32 105 / 55, 4×48 223 / 62,
-8×32 105 / 94, 4×64 221 / 107 -- kept until measured otherwise on an AVX-512 machine.
+of them). AVX-512 on an AMD EPYC Zen 5 (znver5), one thread, 15 rounds: float32 **8×32 229**,
+6×32 228, 4×32 200, 16×16 213, 12×16 196, 8×16 182, 12×32 136 (spills), 14×32 119; float64
+**8×16 115**, 6×16 111, 12×8 105, 8×8 91. In whole products on 2 threads, 8×32 against 8×16
+(interleaved, one process): n = 512 1.17×, 1024 1.20×, 2048 1.15×, linear [8,512,512]→2048
+1.05×, attention forward L = 1024 1.12× (causal 1.11×); n = 128 0.79×.
 
-Which tile is in force: ``NPATTN_ISA=avx2|avx512`` when set, else the host's: ``avx512`` when
-the CPU features Numba compiles for (``NUMBA_CPU_FEATURES``, else the host's as Numba reads them)
-include AVX-512F, else ``avx2``. (An Intel AVX-512 CPU makes LLVM prefer 256-bit vectors,
-so the avx512 tile there compiles to ymm code with 32 registers; measured on such a CPU, model
-167: float32 8×16 38.5 vs 4×16 34, float64 8×16 16.5 vs 4×8 17 -- no reason to change tile.)
+Which family is in force: ``NPATTN_ISA=avx2|avx512|avx512-ymm`` when set, else the host's:
+``avx2`` unless the CPU features Numba compiles for (``NUMBA_CPU_FEATURES``, else the host's as
+Numba reads them) include AVX-512F; then ``avx512`` when the CPU name LLVM compiles for
+(``NUMBA_CPU_NAME``, else the host's) is AMD's (``znver*``), else ``avx512-ymm``. (Measured on
+an Intel AVX-512 CPU, model 167, ymm code: float32 8×16 38.5 vs 4×16 34, float64 8×16 16.5 vs
+4×8 17.)
 Every tile is correct on every x86-64 CPU: the tile decides speed, never the result's validity.
 
 Engine instances. A tile is not a global that kernels read when they compile -- Numba's disk
@@ -46,7 +58,7 @@ from typing import NamedTuple
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
-ISAS = ("avx2", "avx512")
+ISAS = ("avx2", "avx512", "avx512-ymm")
 DTYPES = ("float32", "float64")
 ENGINES = ("gemm", "attention")          # the modules compiled per tile
 
@@ -54,9 +66,15 @@ ENGINES = ("gemm", "attention")          # the modules compiled per tile
 TILES = {
     ("avx2", "float32"): (4, 16),
     ("avx2", "float64"): (4, 8),
-    ("avx512", "float32"): (8, 16),
+    ("avx512", "float32"): (8, 32),
     ("avx512", "float64"): (8, 16),
+    ("avx512-ymm", "float32"): (8, 16),
+    ("avx512-ymm", "float64"): (8, 16),
 }
+
+#: CPU names (as LLVM has them) for which LLVM vectorises AVX-512 code with 512-bit registers;
+#: for the other AVX-512 CPUs (Intel's) it prefers 256-bit vectors (see the module docstring).
+ZMM_CPU_PREFIXES = ("znver",)
 
 
 class Tile(NamedTuple):
@@ -84,9 +102,19 @@ def cpu_features():
     return {f[1:] for f in features.split(",") if f.startswith("+")}
 
 
+def cpu_name():
+    """The CPU name Numba compiles for: ``NUMBA_CPU_NAME`` if set, else the host's (LLVM's)."""
+    import numba
+    from numba.core import codegen
+    name = numba.config.CPU_NAME
+    return codegen.ll.get_host_cpu_name() if name in (None, "host") else name
+
+
 def host_isa():
-    """The tile family this CPU's features call for."""
-    return "avx512" if "avx512f" in cpu_features() else "avx2"
+    """The tile family this CPU calls for: its vector registers, as LLVM will use them."""
+    if "avx512f" not in cpu_features():
+        return "avx2"
+    return "avx512" if cpu_name().startswith(ZMM_CPU_PREFIXES) else "avx512-ymm"
 
 
 _lock = threading.RLock()       # loading is re-entrant: attention's instance loads gemm's
@@ -106,9 +134,9 @@ def isa_in_force():
     return _isa
 
 
-def other_isa():
-    """The tile family not in force (CI runs the kernel tests again under it)."""
-    return next(isa for isa in ISAS if isa != isa_in_force())
+def other_isas():
+    """The tile families not in force (CI runs the kernel tests again under each)."""
+    return tuple(isa for isa in ISAS if isa != isa_in_force())
 
 
 @contextlib.contextmanager

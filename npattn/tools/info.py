@@ -306,7 +306,7 @@ def report(facts, out=None):
     say(f"  SIMD absent      {' '.join(p['absent']) or '-'}")
     r = facts["tiles"]
     why = (f"NPATTN_ISA={r['forced']}; the host's would be {r['host']}" if r["forced"]
-           else "from the CPU features; NPATTN_ISA=avx2|avx512 forces one")
+           else "from the CPU; NPATTN_ISA=avx2|avx512|avx512-ymm forces one")
     say(f"  register tiles   {r['isa']} ({why})")
     say("                   " + ", ".join(f"{d} {t}" for d, t in r["tiles"].items()) +
         "  (MR×NR, the GEMM micro-kernel's)")

@@ -11,8 +11,8 @@ this once where the cache will live -- a container image's build step, a CI job 
 is saved -- and no process started afterwards compiles anything. The cache is where Numba puts
 it: ``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` next to the kernels, else (a read-only
 install) the user cache directory, ``~/.cache/numba``. The GEMM and attention engines are
-compiled for the register tile in force (``npattn info`` shows it; ``NPATTN_ISA=avx2|avx512
-npattn warmup`` warms the other's too).
+compiled for the register tile in force (``npattn info`` shows it; ``NPATTN_ISA=<family> npattn
+warmup``, family avx2, avx512 or avx512-ymm, warms another's too).
 
 How: each public op is called on tiny inputs in every form that reaches a different kernel or
 kernel signature (both dtypes; bias or none; the three GEMM paths -- small dot products, packed,
