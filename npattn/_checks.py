@@ -132,6 +132,63 @@ def flag(name, value):
     return bool(value)
 
 
+# ------------------------------------------------- the modules' arguments (nn/, init)
+
+def generator(value, name="rng"):
+    """A ``numpy.random.Generator`` from None (fresh OS entropy), an int seed or a Generator.
+
+    A Generator is used as given (not copied): modules built from one generator draw in turn.
+    """
+    if isinstance(value, np.random.Generator):
+        return value
+    if value is None:
+        return np.random.default_rng()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be None, an int seed or a numpy.random.Generator; "
+                        f"got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int seed; got {value}")
+    return np.random.default_rng(int(value))
+
+
+def float_dtype(dtype, name="dtype"):
+    """``dtype`` as np.dtype, float32 or float64 only."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be float32 or float64; got {dtype!r}") from None
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64; got {dt}")
+    return dt
+
+
+def size(name, value, minimum=0):
+    """A dimension argument: an int >= ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
+    return int(value)
+
+
+def float_input(name, value, dtype, owner):
+    """A forward argument: a float array of the module's dtype (``owner`` names the module)."""
+    x = float_array(name, value)
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype} to match {owner}'s parameters; got "
+                        f"{x.dtype}")
+    return x
+
+
+def finite_real(name, value):
+    """A finite real number (not a bool) as a float."""
+    value = real_float(name, value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite; got {value}")
+    return value
+
+
+
 # ---------------------------------------------------------------- per op
 
 def linear_args(x, weight, bias):

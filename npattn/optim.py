@@ -28,26 +28,18 @@ the parameter's position across groups, holding ``"momentum_buffer"`` or ``"step
 ``"params"`` as positions), so PyTorch's state converted with ``.numpy()`` loads too.
 """
 import copy
-import numbers
 
 import numpy as np
 
-from ._checks import converted
-from ._checks import converted
+from ._checks import converted, real_float
+from ._checks import converted, real_float
 from .nn.module import Parameter
 
 
 # ------------------------------------------------------------------ argument checks
 
 def _real(name, value, where):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}{name} must be a real number; got {type(value).__name__} "
-                        f"{value!r}")
-    try:
-        return float(value)
-    except OverflowError:                                 # an int beyond float's range
-        raise ValueError(f"{where}{name} must be a real number that fits in a float; got an "
-                         f"int of {len(str(abs(int(value))))} digits") from None
+    return real_float(f"{where}{name}", value)
 
 
 def _at_least_zero(name, value, what, where):

@@ -1936,9 +1936,12 @@ def public_names():
     """Every name the fuzz table must cover, from the packages themselves."""
     names = {n for n in npattn.__all__ if callable(getattr(npattn, n))}
     names |= {f"nn.{n}" for n in nn.__all__}
-    names |= {f"nn.init.{n}" for n, v in vars(nn.init).items()
-              if callable(v) and not n.startswith("_") and getattr(v, "__module__", "") ==
-              nn.init.__name__}
+    names |= {f"nn.init.{n}" for n in nn.init.__all__}
+    defined = {n for n, v in vars(nn.init).items()
+               if callable(v) and not n.startswith("_") and getattr(v, "__module__", "") ==
+               nn.init.__name__}
+    assert defined <= set(nn.init.__all__), f"nn.init defines {defined - set(nn.init.__all__)} " \
+        "outside its __all__"
     names |= {f"optim.{n}" for n, v in vars(optim).items()
               if isinstance(v, type) and issubclass(v, optim.Optimizer)
               and v is not optim.Optimizer}

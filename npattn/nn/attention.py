@@ -38,21 +38,21 @@ class SelfAttention(Module):
     def __init__(self, d_model, d_k, d_v=None, bias=True, *, dropout=0.0, dtype=np.float32,
                  rng=None, seed=None):
         super().__init__()
-        self.d_model = init.size("d_model", d_model, 1)
-        self.d_k = init.size("d_k", d_k, 1)
-        self.d_v = self.d_k if d_v is None else init.size("d_v", d_v, 1)
+        self.d_model = _checks.size("d_model", d_model, 1)
+        self.d_k = _checks.size("d_k", d_k, 1)
+        self.d_v = self.d_k if d_v is None else _checks.size("d_v", d_v, 1)
         bias = _checks.flag("bias", bias)
         self.dropout = _checks.probability("dropout", dropout)
-        dtype = init.float_dtype(dtype)
-        gen = init.generator(rng)
+        dtype = _checks.float_dtype(dtype)
+        gen = _checks.generator(rng)
         self.W_Q = Linear(self.d_model, self.d_k, bias, dtype=dtype, rng=gen)
         self.W_K = Linear(self.d_model, self.d_k, bias, dtype=dtype, rng=gen)
         self.W_V = Linear(self.d_model, self.d_v, bias, dtype=dtype, rng=gen)
-        self._generator = init.generator(seed, "seed")
+        self._generator = _checks.generator(seed, "seed")
 
     def forward(self, x, mask=None, is_causal=False):
         """``(output, weights)``; see the class docstring."""
-        x = init.float_input("x", x, self.W_Q.weight.dtype, "SelfAttention")
+        x = _checks.float_input("x", x, self.W_Q.weight.dtype, "SelfAttention")
         if x.ndim < 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, L, {self.d_model}) or (L, {self.d_model}) "
                              f"to match d_model; got {x.shape}")
@@ -166,22 +166,22 @@ class MultiheadAttention(Module):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *,
                  dtype=np.float32, rng=None, seed=None):
         super().__init__()
-        self.embed_dim = init.size("embed_dim", embed_dim, 1)
-        self.num_heads = init.size("num_heads", num_heads, 1)
+        self.embed_dim = _checks.size("embed_dim", embed_dim, 1)
+        self.num_heads = _checks.size("num_heads", num_heads, 1)
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim must be divisible by num_heads; got embed_dim = "
                              f"{self.embed_dim}, num_heads = {self.num_heads}")
         self.head_dim = self.embed_dim // self.num_heads
-        self.kdim = self.embed_dim if kdim is None else init.size("kdim", kdim, 1)
-        self.vdim = self.embed_dim if vdim is None else init.size("vdim", vdim, 1)
+        self.kdim = self.embed_dim if kdim is None else _checks.size("kdim", kdim, 1)
+        self.vdim = self.embed_dim if vdim is None else _checks.size("vdim", vdim, 1)
         self._qkv_same_embed_dim = self.kdim == self.embed_dim and self.vdim == self.embed_dim
         self.dropout = _checks.probability("dropout", dropout)
         bias = _checks.flag("bias", bias)
         add_bias_kv = _checks.flag("add_bias_kv", add_bias_kv)
         self.add_zero_attn = _checks.flag("add_zero_attn", add_zero_attn)
         self.batch_first = _checks.flag("batch_first", batch_first)
-        dtype = init.float_dtype(dtype)
-        gen = init.generator(rng)
+        dtype = _checks.float_dtype(dtype)
+        gen = _checks.generator(rng)
         e = self.embed_dim
         if self._qkv_same_embed_dim:
             self.in_proj_weight = Parameter(init.xavier_uniform((3 * e, e), rng=gen, dtype=dtype))
@@ -202,7 +202,7 @@ class MultiheadAttention(Module):
         self.out_proj = Linear(e, e, bias, dtype=dtype, rng=gen)
         if bias:
             self.out_proj.bias.data[...] = 0
-        self._generator = init.generator(seed, "seed")
+        self._generator = _checks.generator(seed, "seed")
 
     # -------------------------------------------------------------- helpers
     def _projections(self):
@@ -289,9 +289,9 @@ class MultiheadAttention(Module):
         """``(attn_output, attn_weights)``, attn_weights None unless need_weights; see the
         class docstring for shapes and masks."""
         dtype = self.out_proj.weight.dtype
-        query = init.float_input("query", query, dtype, "MultiheadAttention")
-        key = init.float_input("key", key, dtype, "MultiheadAttention")
-        value = init.float_input("value", value, dtype, "MultiheadAttention")
+        query = _checks.float_input("query", query, dtype, "MultiheadAttention")
+        key = _checks.float_input("key", key, dtype, "MultiheadAttention")
+        value = _checks.float_input("value", value, dtype, "MultiheadAttention")
         need_weights = _checks.flag("need_weights", need_weights)
         average_attn_weights = _checks.flag("average_attn_weights", average_attn_weights)
         is_causal = _checks.flag("is_causal", is_causal)
@@ -352,7 +352,7 @@ class MultiheadAttention(Module):
         """``(dquery, dkey, dvalue)`` from dout, the gradient of attn_output (its shape)."""
         s = self._saved_for_backward()
         dtype = self.out_proj.weight.dtype
-        dout = init.float_input("dout", dout, dtype, "MultiheadAttention")
+        dout = _checks.float_input("dout", dout, dtype, "MultiheadAttention")
         if dout.shape != s["shape"]:
             raise ValueError(f"dout must have shape {s['shape']} to match attn_output; got "
                              f"{dout.shape}")

@@ -1,7 +1,6 @@
 """``nn.Dropout``, with each training forward's mask drawn from the module's own generator."""
 from .. import _checks
 from ..functional.dropout import dropout_backward, dropout_forward
-from . import init
 from .module import Module
 
 
@@ -25,7 +24,7 @@ class Dropout(Module):
     def __init__(self, p=0.5, *, seed=None):
         super().__init__()
         self.p = _checks.probability("p", p)
-        self._generator = init.generator(seed, "seed")
+        self._generator = _checks.generator(seed, "seed")
 
     def forward(self, x):
         x = _checks.float_array("x", x)

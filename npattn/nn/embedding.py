@@ -28,8 +28,8 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, *, dtype=np.float32,
                  rng=None):
         super().__init__()
-        self.num_embeddings = init.size("num_embeddings", num_embeddings)
-        self.embedding_dim = init.size("embedding_dim", embedding_dim)
+        self.num_embeddings = _checks.size("num_embeddings", num_embeddings)
+        self.embedding_dim = _checks.size("embedding_dim", embedding_dim)
         if padding_idx is not None:
             padding_idx = _checks.int_value("padding_idx", padding_idx, "an int or None")
             if not -self.num_embeddings <= padding_idx < self.num_embeddings:
@@ -38,8 +38,8 @@ class Embedding(Module):
                                  f"{self.num_embeddings}); got {padding_idx}")
             padding_idx %= self.num_embeddings
         self.padding_idx = padding_idx
-        weight = init.normal((self.num_embeddings, self.embedding_dim), rng=init.generator(rng),
-                             dtype=init.float_dtype(dtype))
+        weight = init.normal((self.num_embeddings, self.embedding_dim), rng=_checks.generator(rng),
+                             dtype=_checks.float_dtype(dtype))
         if padding_idx is not None:
             weight[padding_idx] = 0
         self.weight = Parameter(weight)
@@ -93,14 +93,14 @@ class PositionalEncoding(Module):
 
     def __init__(self, d_model, max_len=5000, dropout=0.1, *, dtype=np.float32, seed=None):
         super().__init__()
-        self.d_model = init.size("d_model", d_model, 1)
-        self.max_len = init.size("max_len", max_len)
+        self.d_model = _checks.size("d_model", d_model, 1)
+        self.max_len = _checks.size("max_len", max_len)
         self.dropout = Dropout(_checks.probability("dropout", dropout), seed=seed)
         table = sinusoidal_table(self.max_len, self.d_model)[None]             # (1, max_len, d)
-        self.register_buffer("pe", table.astype(init.float_dtype(dtype)))
+        self.register_buffer("pe", table.astype(_checks.float_dtype(dtype)))
 
     def forward(self, x):
-        x = init.float_input("x", x, self.pe.dtype, "PositionalEncoding")
+        x = _checks.float_input("x", x, self.pe.dtype, "PositionalEncoding")
         if x.ndim < 2 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, L, {self.d_model}) or (L, {self.d_model}) "
                              f"to match d_model; got {x.shape}")

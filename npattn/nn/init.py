@@ -1,5 +1,6 @@
 """PyTorch's initialisers (``torch.nn.init``) as functions that return a new array, and the
-argument checks every module shares (generators, dtypes, sizes, inputs).
+argument checks every module shares (generators, dtypes, sizes, inputs), which live in
+``npattn._checks`` with every other check and are named here too.
 
 Each initialiser draws from one ``numpy.random.Generator`` in float64 and rounds to ``dtype``,
 so the same seed gives the same weights in float32 and float64 (up to rounding). The formulas
@@ -15,68 +16,16 @@ the product of the dims after the first two, 1 for a matrix):
 U(-1/√fan_in, 1/√fan_in). An array with a zero dim has nothing to draw: it comes back empty.
 """
 import math
-import numbers
 
 import numpy as np
 
-from .. import _checks
-from .module import FLOAT_DTYPES
+from .._checks import (finite_real, float_dtype, float_input, generator,  # noqa: F401
+                       real_float, size)
 
-
-# ---------------------------------------------------------------- argument checks
-
-def generator(value, name="rng"):
-    """A ``numpy.random.Generator`` from None (fresh OS entropy), an int seed or a Generator.
-
-    A Generator is used as given (not copied): modules built from one generator draw in turn.
-    """
-    if isinstance(value, np.random.Generator):
-        return value
-    if value is None:
-        return np.random.default_rng()
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be None, an int seed or a numpy.random.Generator; "
-                        f"got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative int seed; got {value}")
-    return np.random.default_rng(int(value))
-
-
-def float_dtype(dtype, name="dtype"):
-    """``dtype`` as np.dtype, float32 or float64 only."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name} must be float32 or float64; got {dtype!r}") from None
-    if dt not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32 or float64; got {dt}")
-    return dt
-
-
-def size(name, value, minimum=0):
-    """A dimension argument: an int >= ``minimum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
-    return int(value)
-
-
-def float_input(name, value, dtype, owner):
-    """A forward argument: a float array of the module's dtype (``owner`` names the module)."""
-    x = _checks.float_array(name, value)
-    if x.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype} to match {owner}'s parameters; got "
-                        f"{x.dtype}")
-    return x
-
-
-def _real(name, value):
-    """A finite real number (not a bool) as a float."""
-    value = _checks.real_float(name, value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite; got {value}")
-    return value
+#: The initialisers and gains, and the modules' argument checks (defined in npattn._checks).
+__all__ = ["calculate_gain", "fan_in_and_fan_out", "uniform", "normal", "constant", "zeros",
+           "ones", "xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal",
+           "generator", "float_dtype", "size", "float_input"]
 
 
 def _shape(shape):
@@ -100,7 +49,7 @@ def calculate_gain(nonlinearity, param=None):
         if param is None:
             slope = 0.01
         else:
-            slope = _real("param", param)         # the negative slope
+            slope = finite_real("param", param)         # the negative slope
         return math.sqrt(2.0 / (1.0 + slope * slope))
     if nonlinearity == "selu":
         return 3.0 / 4.0
@@ -131,14 +80,14 @@ def _fan(shape, mode):
 
 def uniform(shape, a=0.0, b=1.0, *, rng=None, dtype=np.float32):
     """Samples of U(a, b). Shapes: -> shape"""
-    shape, dtype, a, b = _shape(shape), float_dtype(dtype), _real("a", a), _real("b", b)
+    shape, dtype, a, b = _shape(shape), float_dtype(dtype), finite_real("a", a), finite_real("b", b)
     return generator(rng).uniform(a, b, size=shape).astype(dtype)
 
 
 def normal(shape, mean=0.0, std=1.0, *, rng=None, dtype=np.float32):
     """Samples of N(mean, std²). Shapes: -> shape"""
     shape, dtype = _shape(shape), float_dtype(dtype)
-    mean, std = _real("mean", mean), _real("std", std)
+    mean, std = finite_real("mean", mean), finite_real("std", std)
     if std < 0:
         raise ValueError(f"std must be >= 0; got {std}")
     return generator(rng).normal(mean, std, size=shape).astype(dtype)
@@ -146,7 +95,7 @@ def normal(shape, mean=0.0, std=1.0, *, rng=None, dtype=np.float32):
 
 def constant(shape, value, *, dtype=np.float32):
     """Every entry ``value``. Shapes: -> shape"""
-    return np.full(_shape(shape), _checks.real_float("value", value), dtype=float_dtype(dtype))
+    return np.full(_shape(shape), real_float("value", value), dtype=float_dtype(dtype))
 
 
 def zeros(shape, *, dtype=np.float32):
@@ -159,7 +108,7 @@ def ones(shape, *, dtype=np.float32):
 
 def xavier_uniform(shape, gain=1.0, *, rng=None, dtype=np.float32):
     """Glorot & Bengio (2010): U(-a, a) with a = gain·√(6 / (fan_in + fan_out))."""
-    shape, gain = _shape(shape), _real("gain", gain)
+    shape, gain = _shape(shape), finite_real("gain", gain)
     rng, dtype = generator(rng), float_dtype(dtype)
     fan_in, fan_out = fan_in_and_fan_out(shape)
     if math.prod(shape) == 0:
@@ -170,7 +119,7 @@ def xavier_uniform(shape, gain=1.0, *, rng=None, dtype=np.float32):
 
 def xavier_normal(shape, gain=1.0, *, rng=None, dtype=np.float32):
     """Glorot & Bengio (2010): N(0, std²) with std = gain·√(2 / (fan_in + fan_out))."""
-    shape, gain = _shape(shape), _real("gain", gain)
+    shape, gain = _shape(shape), finite_real("gain", gain)
     rng, dtype = generator(rng), float_dtype(dtype)
     if gain < 0:
         raise ValueError(f"gain must be >= 0 for xavier_normal (it scales a standard "
@@ -186,7 +135,7 @@ def kaiming_uniform(shape, a=0.0, mode="fan_in", nonlinearity="leaky_relu", *, r
     """He et al. (2015): U(-b, b) with b = gain·√(3 / fan), gain = calculate_gain(
     nonlinearity, a). ``nn.Linear`` uses a = √5, which makes b = 1/√fan_in."""
     shape, rng, dtype = _shape(shape), generator(rng), float_dtype(dtype)
-    gain = calculate_gain(nonlinearity, None if a is None else _real("a", a))
+    gain = calculate_gain(nonlinearity, None if a is None else finite_real("a", a))
     fan = _fan(shape, mode)
     if math.prod(shape) == 0:
         return zeros(shape, dtype=dtype)
@@ -198,7 +147,7 @@ def kaiming_normal(shape, a=0.0, mode="fan_in", nonlinearity="leaky_relu", *, rn
                    dtype=np.float32):
     """He et al. (2015): N(0, std²) with std = gain / √fan."""
     shape, rng, dtype = _shape(shape), generator(rng), float_dtype(dtype)
-    gain = calculate_gain(nonlinearity, None if a is None else _real("a", a))
+    gain = calculate_gain(nonlinearity, None if a is None else finite_real("a", a))
     fan = _fan(shape, mode)
     if math.prod(shape) == 0:
         return zeros(shape, dtype=dtype)

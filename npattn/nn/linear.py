@@ -26,11 +26,11 @@ class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, *, dtype=np.float32,
                  rng=None):
         super().__init__()
-        self.in_features = init.size("in_features", in_features)
-        self.out_features = init.size("out_features", out_features)
+        self.in_features = _checks.size("in_features", in_features)
+        self.out_features = _checks.size("out_features", out_features)
         bias = _checks.flag("bias", bias)
-        dtype = init.float_dtype(dtype)
-        gen = init.generator(rng)
+        dtype = _checks.float_dtype(dtype)
+        gen = _checks.generator(rng)
         shape = (self.out_features, self.in_features)
         self.weight = Parameter(init.kaiming_uniform(shape, a=math.sqrt(5), rng=gen,
                                                      dtype=dtype))
@@ -39,7 +39,7 @@ class Linear(Module):
                                             dtype=dtype)) if bias else None)
 
     def forward(self, x):
-        x = init.float_input("x", x, self.weight.dtype, "Linear")
+        x = _checks.float_input("x", x, self.weight.dtype, "Linear")
         if x.ndim < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., {self.in_features}) to match "
                              f"in_features; got {x.shape}")

@@ -34,7 +34,7 @@ class LayerNorm(Module):
         self.eps = eps
         self.elementwise_affine = _checks.flag("elementwise_affine", elementwise_affine)
         bias = _checks.flag("bias", bias)
-        dtype = init.float_dtype(dtype)
+        dtype = _checks.float_dtype(dtype)
         if self.elementwise_affine:
             self.weight = Parameter(init.ones(self.normalized_shape, dtype=dtype))
             self.bias = Parameter(init.zeros(self.normalized_shape, dtype=dtype)) if bias else None
@@ -47,7 +47,7 @@ class LayerNorm(Module):
 
     def forward(self, x):
         if self.weight is not None:
-            x = init.float_input("x", x, self.weight.dtype, "LayerNorm")
+            x = _checks.float_input("x", x, self.weight.dtype, "LayerNorm")
         weight, bias = self._arrays()
         y = layer_norm_forward(x, self.normalized_shape, weight, bias, self.eps)
         self._saved = x
