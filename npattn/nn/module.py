@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._checks import FLOAT_DTYPES, converted
+from .._checks import FLOAT_DTYPES, converted, float_dtype
 
 
 class Parameter:
@@ -195,12 +195,7 @@ class Module:
 
     def to(self, dtype):
         """Cast every parameter (data and grad) and float buffer to ``dtype``; returns self."""
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be float32 or float64; got {dtype!r}") from None
-        if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"dtype must be float32 or float64; got {dtype}")
+        dtype = float_dtype(dtype)
         for param in self.parameters():
             param.data = param.data.astype(dtype)
             param.grad = param.grad.astype(dtype)
