@@ -169,6 +169,7 @@ def child_cold(dtypes, jobs=1):
     import numpy as np
 
     from npattn.tools import warmup
+    from npattn.tools.progress import float_dtypes
     from npattn._jit import ItemKernel
     start, cpu = time.perf_counter(), time.process_time()
     timings, gaps, compiled, processes = warmup.warmup(
@@ -184,7 +185,7 @@ def child_cold(dtypes, jobs=1):
     for name, dispatcher in dispatchers.items():
         for sig, result in dispatcher.overloads.items():
             timers = (result.metadata or {}).get("timers", {})
-            dtype = sorted(warmup._float_dtypes(sig)) or ["-"]
+            dtype = sorted(float_dtypes(sig)) or ["-"]
             kernels.append({"kernel": name, "dtype": dtype[0],
                             "seconds": timers.get("compiler_lock"),
                             "llvm": timers.get("llvm_lock")})

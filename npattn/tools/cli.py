@@ -16,15 +16,18 @@ from .progress import compile_progress
 #: command -> (module, one-line help); each module has ``main(argv=None) -> int`` (and may take
 #: ``prog=``, the name its usage line shows).
 COMMANDS = {
-    "demo": ("npattn.tools.demo", "the main job: train a small attention model to reverse digits "
-                            "(npattn demo --help for its options)"),
-    "explain": ("npattn.tools.explain", "the seed article's dot-product attention, step by step: "
-                                  "formulas, shapes and numbers from npattn's kernels, checked "
-                                  "against the float64 reference"),
-    "info": ("npattn.tools.info", "what npattn runs on: versions, Numba's threading layer and "
-                            "settings, the kernel cache directory, CPU SIMD features"),
-    "warmup": ("npattn.tools.warmup", "compile every kernel into Numba's disk cache ahead of time "
-                                "(container images, CI caches)"),
+    "demo": ("npattn.tools.demo",
+             "the main job: train a small attention model to reverse digits "
+             "(npattn demo --help for its options)"),
+    "explain": ("npattn.tools.explain",
+                "the seed article's dot-product attention, step by step: formulas, shapes and "
+                "numbers from npattn's kernels, checked against the float64 reference"),
+    "info": ("npattn.tools.info",
+             "what npattn runs on: versions, Numba's threading layer and settings, the kernel "
+             "cache directory, CPU SIMD features"),
+    "warmup": ("npattn.tools.warmup",
+               "compile every kernel into Numba's disk cache ahead of time "
+               "(container images, CI caches)"),
 }
 
 #: Commands that report their own compiling (warmup: per step, from several processes).

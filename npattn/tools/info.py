@@ -150,7 +150,8 @@ def cached_kernels():
     ``magic_tuple``: triple, CPU name, features) it was compiled for; nothing is loaded or
     compiled. The index reader is Numba's (``Cache._cache_file._load_index``, a private API):
     a Numba without it counts nothing as cached."""
-    from .warmup import _float_dtypes, _instance_dtype, parallel_kernels
+    from .progress import float_dtypes
+    from .warmup import _instance_dtype, parallel_kernels
     magic = numba.core.registry.cpu_target.target_context.codegen().magic_tuple()
     counts = {d: [0, 0] for d in tiles.DTYPES}
     for name, kernel in parallel_kernels().items():
@@ -160,7 +161,7 @@ def cached_kernels():
         except Exception:            # an unreadable index is an empty one, as for Numba
             index = {}
         here = [key[0] for key in index if key[1] == magic]
-        have = set().union(*(_float_dtypes(sig) for sig in here)) if here else set()
+        have = set().union(*(float_dtypes(sig) for sig in here)) if here else set()
         only = _instance_dtype(name)
         for d in (tiles.DTYPES if only is None else (only,)):
             counts[d][1] += 1

@@ -23,6 +23,8 @@ import time
 import numba
 from numba.core import event
 
+from ..kernels import tiles
+
 KIND = "numba:compile"
 PREFIX = "npattn.kernels."
 
@@ -34,11 +36,10 @@ def kernel_name(dispatcher):
     return f"{module.removeprefix(PREFIX)}.{func.__qualname__}"
 
 
-def float_dtypes(args):
-    """The float dtypes of a signature's array arguments, e.g. "float32"."""
-    names = sorted({str(t.dtype) for t in args
-                    if isinstance(t, numba.types.Array) and isinstance(t.dtype, numba.types.Float)})
-    return ", ".join(names) or "no float arrays"
+def float_dtypes(signature):
+    """The float dtype names of a signature's array arguments, e.g. {"float32"}."""
+    return {str(t.dtype) for t in signature
+            if isinstance(t, numba.types.Array) and isinstance(t.dtype, numba.types.Float)}
 
 
 class CompileProgress(event.Listener):
@@ -60,14 +61,15 @@ class CompileProgress(event.Listener):
         if self.depth > 1:
             return
         if self.count == 0:
-            cpu = numba.core.config.CPU_NAME or _host_cpu_name()
+            cpu = tiles.cpu_name()
             self._say("npattn: compiling the kernels this command needs that are not yet in the "
                       f"disk cache for\n  this CPU ({cpu}), once: 1-15 s each; later runs load "
                       "them in under a second")
         self.count += 1
         data = ev.data
         self._say(f"  [{self.count}] {kernel_name(data['dispatcher'])} "
-                  f"({float_dtypes(data['args'])}) ...", end="")
+                  f"({', '.join(sorted(float_dtypes(data['args']))) or 'no float arrays'}) ...",
+                  end="")
         self._start = self.clock()
 
     def on_end(self, ev):
@@ -85,11 +87,6 @@ class CompileProgress(event.Listener):
         plural = "s" if self.count > 1 else ""
         return (f"npattn: {self.count} kernel{plural} compiled in {self.seconds:.1f} s and "
                 "written to the disk cache")
-
-
-def _host_cpu_name():
-    import llvmlite.binding                 # (as Numba names the CPU it compiles for)
-    return llvmlite.binding.get_host_cpu_name()
 
 
 class compile_progress:

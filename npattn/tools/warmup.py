@@ -49,6 +49,7 @@ import numpy as np
 from .. import _jit
 from .. import kernels as _kernels_package
 from ..kernels import tiles
+from .progress import float_dtypes
 
 DTYPES = {"float32": (np.float32,), "float64": (np.float64,), "both": (np.float32, np.float64)}
 
@@ -265,12 +266,6 @@ def dispatchers():
     return found
 
 
-def _float_dtypes(signature):
-    """The float dtype names of a signature's array arguments."""
-    return {str(t.dtype) for t in signature
-            if isinstance(t, numba.types.Array) and isinstance(t.dtype, numba.types.Float)}
-
-
 def missing(kernels, dtypes, ops=None):
     """["module.name (dtype)"] of the kernels without a compiled signature for a dtype asked
     for (a kernel that takes no float array needs one signature of any kind). With ``ops``
@@ -288,7 +283,7 @@ def missing(kernels, dtypes, ops=None):
         if not signatures:
             gaps.append(f"{name} (never called)")
             continue
-        have = set().union(*(_float_dtypes(s) for s in signatures))
+        have = set().union(*(float_dtypes(s) for s in signatures))
         if have:
             gaps += [f"{name} ({d})" for d in sorted(wanted - have)]
     return gaps
