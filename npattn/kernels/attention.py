@@ -243,7 +243,7 @@ lane_max = kernel(getattr(_gemm_micro, f"lane_max_{NR}"))
 
 
 @kernel
-def panel_softmax(pt, n_keys, m, l, ot, vs, e, bits32, bits, stats, tile, first, n_all_keys,
+def panel_softmax(pt, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys,
                   key, threshold, drop_scale, dropout):
     # One query panel (NR queries) through one key block. pt (FORWARD_BK·NR) holds the panel's
     # masked scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the running max; ot
@@ -262,7 +262,7 @@ def panel_softmax(pt, n_keys, m, l, ot, vs, e, bits32, bits, stats, tile, first,
         alpha[c] = math.exp(m[c] - shift[c])        # 0 when m was -inf
         m[c] = new
     n = n_keys * NR
-    exp_shifted_native(pt[:n], shift, e[:n], bits32, bits)   # e = exp(s - shift)
+    exp_shifted_native(pt[:n], shift, e[:n])   # e = exp(s - shift)
     if dropout:
         total = stats[3]
         total[:] = zero
@@ -301,15 +301,13 @@ def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, d
     n_keys_all = wh.shape[1]
     zero = wh.dtype.type(0)
     x = np.empty(end, wh.dtype)
-    bits = np.empty(end, np.int64)
-    bits32 = np.empty(end, np.int32)
     for r in range(rows):
         i = i0 + r
         wrow = wh[i]
         shift = lseh[i] if lseh[i] != -np.inf else wh.dtype.type(np.inf)
         for j in range(end):
             x[j] = wrow[j] - shift
-        exp_nonpositive_native(x, wrow[:end], bits32, bits)
+        exp_nonpositive_native(x, wrow[:end])
         if dropout:
             for j in range(end):
                 kept = keep(key, first + i * n_keys_all + j, threshold)
@@ -358,8 +356,6 @@ def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal
     pt = np.empty(FORWARD_BK * NR, dtype)                          # one panel's scoresᵀ
     pt_tiles = pt.reshape(FORWARD_BK, NR)                          # (the same memory, as tile rows)
     e = np.empty(FORWARD_BK * NR, dtype)                           # ... and probabilitiesᵀ
-    bits = np.empty(FORWARD_BK * NR, np.int64)                     # exp's scratch (float64 ...
-    bits32 = np.empty(FORWARD_BK * NR, np.int32)                   # ... and float32)
     stats = np.empty((4, NR), dtype)
     tile = np.empty((MR, NR), dtype)
     m = np.full(n_panels * NR, -np.inf, dtype)
@@ -390,8 +386,8 @@ def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal
                         wrow[j] = pt[j * NR + c]
                     wrow[n_vis:] = -np.inf
             if n_vis > 0:                                  # (causal: the rest are -inf)
-                panel_softmax(pt, n_vis, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e, bits32,
-                              bits, stats, tile, first + (i0 + c0) * n_keys_all + j0,
+                panel_softmax(pt, n_vis, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e,
+                              stats, tile, first + (i0 + c0) * n_keys_all + j0,
                               n_keys_all, key, threshold, drop_scale, dropout)
     zero = dtype.type(0)
     for r in range(rows):
@@ -436,7 +432,7 @@ def attention_forward_kernel(item, q, k, v, qi, ki, vi, bmask, fmask, planes, ma
 def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
                    inv_r, d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
                    drop_scale, first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, kept, x, p,
-                   bits32, bits, dsh, store_ds):
+                   dsh, store_ds):
     # Every MR×NR tile (MR queries × NR keys) of one (query block, key block) pair: scores and
     # dout·vᵀ by the micro-kernel, then p, w and ds (module docstring). w and ds are stored
     # row by row into key panels (wp, dsp: [(panel·BQ + i)·NR + c], queries i as p -- the B
@@ -462,7 +458,7 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
             for r in range(MR):
                 for c in range(NR):
                     x[r * NR + c] = ts[r, c] - lse_r[r0 + r]
-            exp_nonpositive_native(x, p, bits32, bits)
+            exp_nonpositive_native(x, p)
             if dropout:
                 keep_tile(kept, key, threshold, first + (i0 + r0) * n_keys_all + j0 + c0,
                           n_keys_all)
@@ -496,7 +492,7 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
 def backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt, vt, kp, j0, n_keys,
                   width, vwidth, n_keys_all, dqh, dkt, dvt, bplane, fplane, mask_kind, causal,
                   offset, key, threshold, drop_scale, first, dsh, store_ds, wp, dsp, dsq, ts, tdp,
-                  kept, x, p, bits32, bits):
+                  kept, x, p):
     # One query block (rows i0 .. i0 + rows, packed: qs, dos, qc, doc; lse_r, inv_r, d_r)
     # against one key block (keys j0 .. j0 + n_keys, packed: kt, vt, kp): dkt, dvt (E', BK),
     # (Ev', BK) accumulate the key block's gradients transposed; dqh (L, E) gets ds·k.
@@ -504,7 +500,7 @@ def backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt, vt, kp, j0,
     backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
                    inv_r, d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
                    drop_scale, first, n_keys_all, threshold > 0, wp, dsp, dsq, ts, tdp, kept, x,
-                   p, bits32, bits, dsh, store_ds)
+                   p, dsh, store_ds)
     for c0 in range(0, n_keys, NR):                        # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
         panel = (c0 // NR) * BQ * NR
         for r0 in range(0, dvt.shape[0], MR):
@@ -581,8 +577,6 @@ def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, pl
     kept = np.empty((MR, NR), np.bool_)
     x = np.empty(MR * NR, dtype)
     p = np.empty(MR * NR, dtype)
-    bits = np.empty(MR * NR, np.int64)
-    bits32 = np.empty(MR * NR, np.int32)
     kb_all = k[ki[b], g]
     vb_all = v[vi[b], g]
     dkb = dk[b, g]
@@ -624,7 +618,7 @@ def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, pl
                                   n_keys_all, dqh, dkt[o], dvt[o], bplane, fplane,
                                   mask_kind, causal, offset, key, threshold, drop_scale,
                                   bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq,
-                                  ts, tdp, kept, x, p, bits32, bits)
+                                  ts, tdp, kept, x, p)
     for o in range(n_own):
         j0 = (split + o * n_splits) * BK
         n_keys = min(BK, n_keys_all - j0)

@@ -50,16 +50,20 @@ def exp_parts(xv):
 
 
 @fma_kernel
-def exp_nonpositive(x, out, bits):
-    # out[k] = exp(x[k]) for x (C,) <= 0; bits (C,) int64 scratch; out may be x itself
+def exp_one(xv):
+    # exp(xv) for one float64 xv <= 0. 2^t is the float64 whose bits exp_parts returns (a bit
+    # cast in registers, no memory), so a loop calling this vectorises whole
+    under = xv < UNDERFLOW                    # also -inf; False for NaN, which flows through
+    p, bits = exp_parts(0.0 if under else xv)
+    return 0.0 if under else p * np.int64(bits).view(np.float64)
+
+
+@fma_kernel
+def exp_nonpositive(x, out):
+    # out[k] = exp(x[k]) for x (C,) <= 0, in float64 arithmetic. out may be x itself, but
+    # then LLVM's overlap check runs the loop unvectorised (4× slower)
     for k in range(x.shape[0]):
-        xv = np.float64(x[k])
-        under = xv < UNDERFLOW                # also -inf; False for NaN, which flows through
-        p, bits[k] = exp_parts(0.0 if under else xv)
-        out[k] = 0.0 if under else p
-    scale = bits.view(np.float64)
-    for k in range(x.shape[0]):
-        out[k] = out[k] * scale[k]
+        out[k] = exp_one(np.float64(x[k]))
 
 
 # float32: the same steps in float32 arithmetic, twice the lanes of the float64 version. ln 2
@@ -91,81 +95,83 @@ def exp_parts_f32(xv):
 
 
 @fma_kernel
-def exp_nonpositive_f32(x, out, bits):
-    # out[k] = exp(x[k]) for float32 x (C,) <= 0; bits (C,) int32 scratch
+def exp_one_f32(xv):
+    # exp(xv) for one float32 xv <= 0, as exp_one
     zero = F32(0)
-    for k in range(x.shape[0]):
-        xv = x[k]
-        under = xv < UNDERFLOW_F32            # also -inf; False for NaN, which flows through
-        p, bits[k] = exp_parts_f32(zero if under else xv)
-        out[k] = zero if under else p
-    scale = bits.view(np.float32)
-    for k in range(x.shape[0]):
-        out[k] = out[k] * scale[k]
+    under = xv < UNDERFLOW_F32                # also -inf; False for NaN, which flows through
+    p, bits = exp_parts_f32(zero if under else xv)
+    return zero if under else p * np.int32(bits).view(np.float32)
 
 
 @fma_kernel
-def exp_shifted_f32(x, shift, out, bits):
+def exp_nonpositive_f32(x, out):
+    # out[k] = exp(x[k]) for float32 x (C,) <= 0
+    for k in range(x.shape[0]):
+        out[k] = exp_one_f32(x[k])
+
+
+@fma_kernel
+def exp_shifted_f32(x, shift, out):
     # out[j·W + c] = exp(x[j·W + c] - shift[c]) for float32 x (n·W,), shift (W,) with
-    # x - shift <= 0 (W lanes: one shift per lane, e.g. per query); bits (n·W,) int32 scratch
-    zero = F32(0)
+    # x - shift <= 0 (W lanes: one shift per lane, e.g. per query)
     width = shift.shape[0]
     for j in range(x.shape[0] // width):
         row = j * width
         for c in range(width):
-            xv = x[row + c] - shift[c]
-            under = xv < UNDERFLOW_F32
-            p, bits[row + c] = exp_parts_f32(zero if under else xv)
-            out[row + c] = zero if under else p
-    scale = bits.view(np.float32)
-    for k in range(x.shape[0]):
-        out[k] = out[k] * scale[k]
+            out[row + c] = exp_one_f32(x[row + c] - shift[c])
 
 
 @fma_kernel
-def exp_shifted(x, shift, out, bits):
-    # exp_shifted_f32 in float64 arithmetic (any float x); bits (n·W,) int64 scratch
+def exp_shifted(x, shift, out):
+    # exp_shifted_f32 in float64 arithmetic (any float x)
     width = shift.shape[0]
     for j in range(x.shape[0] // width):
         row = j * width
         for c in range(width):
-            xv = np.float64(x[row + c] - shift[c])
-            under = xv < UNDERFLOW
-            p, bits[row + c] = exp_parts(0.0 if under else xv)
-            out[row + c] = 0.0 if under else p
-    scale = bits.view(np.float64)
-    for k in range(x.shape[0]):
-        out[k] = out[k] * scale[k]
+            out[row + c] = exp_one(np.float64(x[row + c] - shift[c]))
 
 
-def exp_shifted_native(x, shift, out, bits32, bits64):
-    # exp_shifted in the arithmetic of x's dtype: float32 x -> exp_shifted_f32 (bits32 int32
-    # scratch), float64 x -> exp_shifted (bits64 int64 scratch). In compiled code the choice is
-    # made by the type (the overload below), so only the one form compiles; an `if` on the
-    # dtype inside a kernel would type and compile both. This body runs without the JIT.
+def exp_one_native(xv):
+    # exp(xv) for one xv <= 0 in the arithmetic of its dtype: exp_one_f32 for float32, exp_one
+    # for float64 (chosen by type in compiled code, as exp_shifted_native)
+    return exp_one_f32(xv) if isinstance(xv, np.float32) else exp_one(np.float64(xv))
+
+
+def exp_shifted_native(x, shift, out):
+    # exp_shifted in the arithmetic of x's dtype: float32 x -> exp_shifted_f32, float64 x ->
+    # exp_shifted. In compiled code the choice is made by the type (the overload below), so
+    # only the one form compiles; an `if` on the dtype inside a kernel would type and compile
+    # both. This body runs without the JIT.
     if x.dtype == np.float32:
-        exp_shifted_f32(x, shift, out, bits32)
+        exp_shifted_f32(x, shift, out)
     else:
-        exp_shifted(x, shift, out, bits64)
+        exp_shifted(x, shift, out)
 
 
-def exp_nonpositive_native(x, out, bits32, bits64):
+def exp_nonpositive_native(x, out):
     # exp_nonpositive in the arithmetic of x's dtype, as exp_shifted_native
     if x.dtype == np.float32:
-        exp_nonpositive_f32(x, out, bits32)
+        exp_nonpositive_f32(x, out)
     else:
-        exp_nonpositive(x, out, bits64)
+        exp_nonpositive(x, out)
+
+
+@overload(exp_one_native, jit_options=OVERLOAD_OPTIONS)
+def _exp_one_native(xv):
+    if xv == types.float32:
+        return lambda xv: exp_one_f32(xv)
+    return lambda xv: exp_one(np.float64(xv))
 
 
 @overload(exp_shifted_native, jit_options=OVERLOAD_OPTIONS)
-def _exp_shifted_native(x, shift, out, bits32, bits64):
+def _exp_shifted_native(x, shift, out):
     if x.dtype == types.float32:
-        return lambda x, shift, out, bits32, bits64: exp_shifted_f32(x, shift, out, bits32)
-    return lambda x, shift, out, bits32, bits64: exp_shifted(x, shift, out, bits64)
+        return lambda x, shift, out: exp_shifted_f32(x, shift, out)
+    return lambda x, shift, out: exp_shifted(x, shift, out)
 
 
 @overload(exp_nonpositive_native, jit_options=OVERLOAD_OPTIONS)
-def _exp_nonpositive_native(x, out, bits32, bits64):
+def _exp_nonpositive_native(x, out):
     if x.dtype == types.float32:
-        return lambda x, out, bits32, bits64: exp_nonpositive_f32(x, out, bits32)
-    return lambda x, out, bits32, bits64: exp_nonpositive(x, out, bits64)
+        return lambda x, out: exp_nonpositive_f32(x, out)
+    return lambda x, out: exp_nonpositive(x, out)
