@@ -12,7 +12,9 @@ row of NR scalars into one or more vector registers and each row of updates into
 broadcast-FMAs. Writing up to 128 such accumulators by hand would be unreadable and
 error-prone; this script is the readable source, its output is the compiled one.
 
-One micro-kernel per tile shape (``micro_{MR}x{NR}``) and one lane reduction per panel width
+One micro-kernel per tile shape (``micro_{MR}x{NR}``, which writes its tile to a scratch array,
+and ``micro_add_{MR}x{NR}``, which adds it straight into C: the GEMM engine's full tiles) and one
+lane reduction per panel width
 (``lane_max_{NR}``, the attention forward's running row maximum over NR queries held in NR
 named scalars, for the same reason). The tiles themselves -- which shape each instruction set
 and dtype gets, and the measurements behind them -- are in ``tiles.py``; this script writes the
@@ -33,14 +35,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 OUTPUT = HERE / "_gemm_micro.py"
 
 
-def micro_kernel(mr, nr):
-    """Source of ``micro_{mr}x{nr}(kc, ap, bp, tile)``."""
+def _tile_loop(mr, nr):
+    """The accumulators' start and the k loop of an MR×NR tile: ``c{i}_{j} = Σ_p ap·bp``."""
     acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
-    lines = [
-        f"def micro_{mr}x{nr}(kc, ap, bp, tile):",
-        f'    """tile[i, j] = Σ_p ap[p·{mr} + i] · bp[p·{nr} + j] for i < {mr}, j < {nr}, p < kc."""',
-        "    zero = tile.dtype.type(0)",
-    ]
+    lines = ["    zero = ap.dtype.type(0)"]
     for i in range(mr):
         lines.append(f"    {', '.join(acc[i])} = {', '.join(['zero'] * nr)}")
     lines += ["    for p in range(kc):",
@@ -50,8 +48,35 @@ def micro_kernel(mr, nr):
     for j in range(nr):
         lines.append(f"        b{j} = bp[b + {j}]")
         lines += [f"        {acc[i][j]} += a{i} * b{j}" for i in range(mr)]
+    return acc, lines
+
+
+def micro_kernel(mr, nr):
+    """Source of ``micro_{mr}x{nr}(kc, ap, bp, tile)``."""
+    acc, loop = _tile_loop(mr, nr)
+    lines = [
+        f"def micro_{mr}x{nr}(kc, ap, bp, tile):",
+        f'    """tile[i, j] = Σ_p ap[p·{mr} + i] · bp[p·{nr} + j] for i < {mr}, j < {nr}, p < kc."""',
+    ] + loop
     for i in range(mr):
         lines += [f"    tile[{i}, {j}] = {acc[i][j]}" for j in range(nr)]
+    return "\n".join(lines) + "\n"
+
+
+def micro_add(mr, nr):
+    """Source of ``micro_add_{mr}x{nr}(kc, ap, bp, c, r0, j0)``: the same sums, added straight
+    into a whole tile of C (no scratch tile to store and read back). Each row of C is a view
+    from column j0 on, indexed by constants -- an index ``j0 + j`` would need Numba's
+    negative-index guard on every store, and the SLP vectoriser would give up."""
+    acc, loop = _tile_loop(mr, nr)
+    lines = [
+        f"def micro_add_{mr}x{nr}(kc, ap, bp, c, r0, j0):",
+        f'    """c[r0 + i, j0 + j] += Σ_p ap[p·{mr} + i] · bp[p·{nr} + j] for i < {mr}, j < {nr},',
+        f'    p < kc: c (M, N) C-contiguous, the tile inside it."""',
+    ] + loop
+    for i in range(mr):
+        lines.append(f"    row = c[r0 + {i}, j0:j0 + {nr}]")
+        lines += [f"    row[{j}] += {acc[i][j]}" for j in range(nr)]
     return "\n".join(lines) + "\n"
 
 
@@ -71,10 +96,15 @@ def lane_max(nr):
     return "\n".join(lines) + "\n"
 
 
+#: Lane widths written whatever the tiles: ``softmax.row_max`` keeps 32 running maxima.
+EXTRA_LANES = (32,)
+
+
 def shapes():
-    """The distinct tile shapes of ``TILES`` and their distinct panel widths, sorted."""
+    """The distinct tile shapes of ``TILES`` and the lane widths to write: every panel width,
+    and ``EXTRA_LANES``, sorted."""
     tiles = sorted(set(TILES.values()))
-    return tiles, sorted({nr for _, nr in tiles})
+    return tiles, sorted({nr for _, nr in tiles} | set(EXTRA_LANES))
 
 
 def source():
@@ -89,7 +119,8 @@ reduction with ``_jit.kernel``.
 """
 import numpy as np
 '''
-    parts = [header] + [micro_kernel(mr, nr) for mr, nr in tiles] + [lane_max(nr) for nr in widths]
+    parts = ([header] + [micro_kernel(mr, nr) for mr, nr in tiles]
+             + [micro_add(mr, nr) for mr, nr in tiles] + [lane_max(nr) for nr in widths])
     return "\n\n".join(parts)
 
 

@@ -74,6 +74,8 @@ NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no
 
 #: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR): the generated straight-line code.
 micro_kernel = fma_kernel(getattr(_gemm_micro, f"micro_{MR}x{NR}"))
+#: the same, for a whole tile inside C: its sums added straight into C (same bits, no scratch)
+micro_add = fma_kernel(getattr(_gemm_micro, f"micro_add_{MR}x{NR}"))
 
 # The blocking follows from the tile: whole strips and panels per block and chunk.
 assert NC % NR == 0 and MC_MAX % MR == 0, (TILE, NC, MC_MAX)
@@ -141,7 +143,10 @@ def block_product(ap, panels, kc, ct, r0, rows, out):
                 j0 = panel * NR
                 cols = min(NR, n_cols - j0)
                 bpanel = panels[panel * KC * NR:(panel + 1) * KC * NR]
-                micro_kernel(kc, ap[s * kc * MR:], bpanel, out)
+                if cols == NR and rows - s * MR >= MR:    # a whole tile: added in registers
+                    micro_add(kc, ap[s * kc * MR:], bpanel, ct, r0 + s * MR, j0)
+                    continue
+                micro_kernel(kc, ap[s * kc * MR:], bpanel, out)  # an edge tile: via scratch
                 for i in range(min(MR, rows - s * MR)):  # add the part inside C
                     crow = ct[r0 + s * MR + i, j0:j0 + cols]
                     for j in range(cols):
