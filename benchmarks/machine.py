@@ -102,6 +102,7 @@ def describe(torch):
         affinity = os.cpu_count()
     return {
         "cpu": cpu_model(), "llvm_cpu": llvmlite.binding.get_host_cpu_name(),
+        "compiled_for": numba.config.CPU_NAME,      # None: the host (--isa avx2: haswell)
         "tiles": register_tiles(),
         "cpus": os.cpu_count(), "cpus_usable": affinity, "simd": simd_flags(),
         "platform": platform.platform(), "versions": versions, "git": git_commit(),

@@ -27,10 +27,8 @@ import subprocess
 import sys
 import time
 
-#: Numba's target for ``--isa avx2``: Haswell's features, AVX-512 off.
-AVX2_FEATURES = ("+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+popcnt,+sse4.2,+sse4.1,+ssse3,"
-                 "+sse3,+sse2,+sse,+cx16,+movbe,+xsave,+aes,+pclmul,"
-                 "-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512cd")
+from .isa import AVX2_FEATURES
+
 #: The candidates measured when --tiles is not given: around each ISA's tiles in npattn.
 DEFAULT_TILES = ("3x16:float32,4x16:float32,5x16:float32,6x16:float32,8x16:float32,"
                  "4x32:float32,6x32:float32,8x32:float32,16x16:float32,"

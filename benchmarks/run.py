@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from .isa import AVX2_ENV, ISAS
+
 #: Variables that force OpenBLAS onto a kernel other than the one it picks for this CPU.
 BLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 #: OpenBLAS's idle workers spin 2^14 cycles (~6 µs) before sleeping, instead of 2^28: long
@@ -76,28 +78,33 @@ def parse_args(argv):
                         help="measure the peak resident memory of each implementation in a fresh "
                              "process, for the cases that ask for it (default: in full runs, "
                              "not in --quick; benchmarks/memory.py)")
+    parser.add_argument("--isa", choices=ISAS, default="native",
+                        help="native: each implementation as it runs on this CPU; avx2: all of "
+                             "them as on an AVX2-only CPU, on this CPU's cores (benchmarks/isa.py)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     return parser.parse_args(argv)
 
 
-def wanted_environment(env, keep_pools):
+def wanted_environment(env, keep_pools, isa="native"):
     """(the environment to run in, its changes {name: (old, new)}); None means unset."""
     want = {k: v for k, v in env.items() if k not in BLAS_OVERRIDES}
     if not keep_pools:
         want.update(POOL_SETTINGS)
+    if isa == "avx2":
+        want.update({name: value for name, (value, _) in AVX2_ENV.items()})
     changes = {k: (env.get(k), want.get(k)) for k in sorted(set(env) | set(want))
                if env.get(k) != want.get(k)}
     return want, changes
 
 
-def prepare_environment(argv, keep_pools):
+def prepare_environment(argv, keep_pools, isa="native"):
     """Re-execute this suite in the environment it needs (before NumPy is imported), once.
 
     Returns the changes made, {name: (old, new)}.
     """
     if REEXEC_MARK in os.environ:                     # we are the re-executed process
         return {k: tuple(v) for k, v in json.loads(os.environ.pop(REEXEC_MARK)).items()}
-    want, changes = wanted_environment(os.environ, keep_pools)
+    want, changes = wanted_environment(os.environ, keep_pools, isa)
     if not changes:
         return {}
     if "numpy" in sys.modules:
@@ -117,7 +124,9 @@ def describe_changes(changes):
     for name, (old, new) in changes.items():
         now = f"{name} unset" if new is None else f"{name}={new}"
         was = "unset" if old is None else repr(old)
-        lines.append(f"  {now} (was {was}): {WHY.get(name, '')}")
+        avx2_value, avx2_why = AVX2_ENV.get(name, (None, None))
+        why = avx2_why if new is not None and new == avx2_value else WHY.get(name, "")
+        lines.append(f"  {now} (was {was}): {why}")
     return lines
 
 
@@ -172,7 +181,7 @@ def describe_probe(probe):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    changes = {} if args.list else prepare_environment(argv, args.keep_pools)
+    changes = {} if args.list else prepare_environment(argv, args.keep_pools, args.isa)
     cache_dir = None
     if args.cold:                                   # before Numba reads its configuration
         import tempfile
@@ -314,7 +323,9 @@ def _run(args, argv, changes):
 def _summary(info, changes, probe, foreign, cold):
     v, threads, blas = info["versions"], info["threads"], info["blas"]
     lines = [
-        f"- Machine: {info['cpu']} (LLVM: {info['llvm_cpu']}), {info['cpus']} CPUs "
+        f"- Machine: {info['cpu']} (LLVM: {info['llvm_cpu']}"
+        + (f"; code compiled for `{info['compiled_for']}`" if info.get("compiled_for") else "")
+        + f"), {info['cpus']} CPUs "
         f"({info['cpus_usable']} usable); SIMD: {' '.join(info['simd'])}; npattn's tiles: "
         f"{info['tiles']['isa']} (float32 {info['tiles']['float32']}, "
         f"float64 {info['tiles']['float64']})",
