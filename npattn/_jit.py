@@ -314,16 +314,18 @@ class ItemKernel(ThreadSafeKernel):
     attention backward came out faster (its item is optimised as a function of its own).
 
     How: for each new combination of argument types, each body is compiled (or loaded from
-    the disk cache) for ``void(int64, *argument types)`` and wrapped as a first-class function
+    the disk cache) for ``void(int64, *argument types)`` -- or with ``indices`` int64s first:
+    a work item and, say, the K block the loop is at -- and wrapped as a first-class function
     value holding its address (:class:`_Body`), kept per :func:`_arg_key` of the arguments,
     so that a call costs a dictionary look-up; the loop compiles (or loads) as usual for those
     function types and the arguments. (Passed a body's dispatcher instead, Numba would type it
     as itself and build a version that links it.)
     """
 
-    def __init__(self, dispatcher, items):
+    def __init__(self, dispatcher, items, indices=1):
         super().__init__(dispatcher)
         self.items = items
+        self.indices = indices     # the int64s each body takes before the arguments
         self._uncached_items = None
         self._bodies = {}          # (loop, argument keys) -> the bodies as function values
 
@@ -336,12 +338,12 @@ class ItemKernel(ThreadSafeKernel):
                                          for item in self.items)
         return loop, self._uncached_items
 
-    @staticmethod
-    def _bodies_for(loop, items, args):
+    def _bodies_for(self, loop, items, args):
         """Each body compiled (or loaded from the disk cache) for these arguments' types, as a
         function value; the loop then compiles for them on its own (each one's type is a
         FunctionType with exactly the types the loop's calls pass)."""
-        signature = types.void(types.int64, *(loop.typeof_pyval(a) for a in args))
+        signature = types.void(*(types.int64,) * self.indices,
+                               *(loop.typeof_pyval(a) for a in args))
         bodies = []
         for item in items:
             item.compile(signature)
@@ -362,12 +364,13 @@ class ItemKernel(ThreadSafeKernel):
             return loop(*bodies, *args)
 
 
-def parallel_items(*items):
+def parallel_items(*items, indices=1):
     """A ``prange`` kernel whose loop bodies are the serial kernels ``items``: see
     :class:`ItemKernel`. The decorated function takes the items as its first parameters and
-    calls each as ``item(np.int64(w), *the other parameters)``; callers pass only the others."""
+    calls each as ``item(np.int64(w), *the other parameters)`` -- or with ``indices`` int64s
+    before them, ``item(np.int64(w), np.int64(kb), ...)``; callers pass only the others."""
     def decorate(loop):
-        return ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), items)
+        return ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), items, indices)
     return decorate
 
 

@@ -161,22 +161,22 @@ def op_b_blocks(b, trans_b, n_cols):
 
 
 @kernel
-def pack_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
-    # Work item w of gemm_kernel's first loop: packed panel w of op(B), bp[((ib · n_kb + kb)
-    # · n_panels + panel) · KC · NR + p · NR + j]
+def pack_item(w, kb, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
+    # Work item w of gemm_kernel's packing loop for K block kb: packed panel w of that block of
+    # op(B) for every b-matrix, bp[(ib · n_panels + panel) · KC · NR + p · NR + j]
     n_cols = c.shape[2]
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     panel_size = KC * NR
-    kb = (w // n_panels) % n_kb
     j0 = (w % n_panels) * NR
-    pack_b_panel(b, w // (n_kb * n_panels), trans_b, kb * KC, min(KC, n_inner - kb * KC),
-                 j0, min(NR, n_cols - j0), bp[w * panel_size:(w + 1) * panel_size])
+    pack_b_panel(b, w // n_panels, trans_b, kb * KC, min(KC, n_inner - kb * KC), j0,
+                 min(NR, n_cols - j0), bp[w * panel_size:(w + 1) * panel_size])
 
 
 @kernel
-def rows_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
-    # Work item w of gemm_kernel's second loop: C[t, i0:i0 + rows] from packed A blocks and
-    # the packed op(B)
+def rows_item(w, kb, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
+    # Work item w of gemm_kernel's product loop for K block kb: C[t, i0:i0 + rows] += its
+    # packed A block times the packed block of op(B) (the rows start as (C or 0) + (bias or
+    # 0) at kb = 0)
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     panel_size = KC * NR
@@ -185,30 +185,35 @@ def rows_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, 
     i0 = (w % n_mb) * mc
     rows = min(mc, n_rows - i0)
     ap = np.empty(mc * KC, c.dtype)             # the packed A block of this item
-    out = np.empty((MR, NR), c.dtype)           # one micro-kernel tile
-    start_rows(c[t], i0, rows, bias, accumulate)
-    for kb in range(n_kb):
-        kc = min(KC, n_inner - kb * KC)
-        pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
-        first = (b_index[t] * n_kb + kb) * n_panels * panel_size
-        block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out)
+    out = np.empty((MR, NR), c.dtype)           # one micro-kernel tile (edges)
+    if kb == 0:
+        start_rows(c[t], i0, rows, bias, accumulate)
+    kc = min(KC, n_inner - kb * KC)
+    pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
+    first = b_index[t] * n_panels * panel_size
+    block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out)
 
 
-@parallel_items(pack_item, rows_item)
+@parallel_items(pack_item, rows_item, indices=2)
 def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
                 bp):
     # a (Ba, M, K), or (Ba, K, M) if trans_a · b (Bb, K, N), or (Bb, N, K) if trans_b
-    # -> c (T, M, N); bias (N,) or (0,) for none; bp: packing space for all of op(B). First
-    # all of op(B) is packed, each item (pack_item, passed as `pack`) owning one panel; then
-    # each item (rows_item, as `block`) owns a block of mc rows of one C[t].
+    # -> c (T, M, N); bias (N,) or (0,) for none; bp: packing space for one K block of op(B),
+    # all b-matrices. One K block at a time: first that block of op(B) is packed, each item
+    # (pack_item, passed as `pack`) owning one panel; then each item (rows_item, as `block`)
+    # adds its block of mc rows of one C[t] times it. The packed block (KC×N per b-matrix)
+    # stays in the shared cache for the products that read it right after.
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
-    for w in prange(b.shape[0] * n_kb * n_panels):
-        pack(np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp)
     n_mb = (n_rows + mc - 1) // mc
-    for w in prange(n_batch * n_mb):
-        block(np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
-              bp)
+    for kb in range(n_kb):
+        k = np.int64(kb)
+        for w in prange(b.shape[0] * n_panels):
+            pack(np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
+                 mc, bp)
+        for w in prange(n_batch * n_mb):
+            block(np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a, trans_b,
+                  accumulate, mc, bp)
 
 
 @kernel
@@ -337,7 +342,7 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         batched_gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate,
                             mc)
         return c
-    packed_b = b3.shape[0] * -(-n_inner // KC) * -(-n_cols // NR) * KC * NR
+    packed_b = b3.shape[0] * -(-n_cols // NR) * KC * NR     # one K block of op(B)
     mc = _row_block(n_rows, n_batch, threads)
     gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
                 np.empty(packed_b, c.dtype))
