@@ -101,6 +101,9 @@ FUNCTIONAL = {  # name -> (generator, its options); the callable is getattr(npat
     "layer_norm": (gen_layer_norm, dict(backward=False)),
     "layer_norm_forward": (gen_layer_norm, dict(backward=False)),
     "layer_norm_backward": (gen_layer_norm, dict(backward=True)),
+    "gelu": (gen_gelu, dict(backward=False)),
+    "gelu_forward": (gen_gelu, dict(backward=False)),
+    "gelu_backward": (gen_gelu, dict(backward=True)),
 }
 OTHERS = {  # name -> (generator, the class or function it exercises)
     "nn.Module": (gen_module_base, nn.Module),
