@@ -320,7 +320,9 @@ class ModuleList(Module):
         return self._modules[str(self._index(idx))]
 
     def __setitem__(self, idx, module):
-        setattr(self, str(self._index(idx)), self._module("module", module))
+        key = str(self._index(idx))
+        self._modules[key] = self._module("module", module)   # in place: the order stays
+        object.__setattr__(self, key, module)
 
     def __delitem__(self, idx):
         modules = list(self._modules.values())
