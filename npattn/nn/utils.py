@@ -7,6 +7,8 @@ import numpy as np
 from .. import _checks
 from .module import Parameter
 
+__all__ = ["clip_grad_norm_"]
+
 CHUNK = 1 << 16   # elements per float64 partial sum: bounded scratch for any parameter size
 
 
