@@ -538,7 +538,8 @@ def approximation(name, value):
 def gelu_args(x, approximate):
     """x float of any shape -> x C-contiguous, and whether the tanh form is asked for."""
     x = float_array("x", x)
-    return contiguous(x), approximation("approximate", approximate) == "tanh"
+    tanh_form = approximation("approximate", approximate) == "tanh"
+    return contiguous(x), tanh_form
 
 
 def gelu_backward_args(dout, x, approximate):

@@ -1,4 +1,4 @@
-"""Fuzz case generators for the optimisers, gradcheck and ``nn.init`` (the harness: ``fuzz_harness``; the table that
+"""Fuzz case generators for the optimisers, lr schedules, gradcheck, ``nn.init`` and ``nn.utils`` (the harness: ``fuzz_harness``; the table that
 maps public names to generators, and the tests: ``test_fuzz``)."""
 from fuzz_harness import *  # noqa: F401,F403 -- Case, the option generators, helpers
 from fuzz_modules import module_dtype

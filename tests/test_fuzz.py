@@ -3,12 +3,14 @@ arguments, either returns a correct result or raises ValueError/TypeError naming
 
 The harness (``Case``, the option generators) is ``fuzz_harness.py``; the case generators are
 in ``fuzz_functional.py`` (the ops), ``fuzz_modules.py`` (``npattn.nn``) and ``fuzz_library.py``
-(optimisers, gradcheck, ``nn.init``); this file holds the table, the child and the tests.
+(optimisers, lr schedules, gradcheck, ``nn.init``, ``nn.utils``); this file holds the table,
+the child and the tests.
 
 ``TABLE`` maps each public name (``npattn.__all__``, ``npattn.nn.__all__``, the
-initialisers of ``nn.init``, ``nn.utils``' functions, the optimisers and learning-rate schedules
-of ``npattn.optim``, the checks of ``npattn.gradcheck``) to a case generator. A case is one call (or, for a module, a constructor,
-``backward`` before ``forward``, ``forward`` and ``backward``): valid arguments drawn by
+initialisers of ``nn.init``, ``nn.utils``' functions, the optimisers and learning-rate
+schedules of ``npattn.optim``, the checks of ``npattn.gradcheck``) to a case generator. A case
+is one call (or, for a module, a constructor, ``backward`` before ``forward``, ``forward`` and
+``backward``): valid arguments drawn by
 Hypothesis -- ranks and shapes with 0-size dims, float32/float64, every memory layout, NaN,
 ±inf and huge values -- of which 0, 1 or 2 are then replaced by a wrong one: an integer, bool,
 complex, float16, object or string dtype, the other float dtype, a mismatched or

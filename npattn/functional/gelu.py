@@ -9,7 +9,8 @@ Edge cases, where npattn gives the mathematical limits (tests/test_numerics_edge
 GELU(+inf) = +inf and GELU(−inf) = −0, with slopes 1 and 0 (dx = dout and 0·dout). PyTorch
 2.13's CPU kernels give NaN for −inf (0·inf) -- and for +inf in float32 with the exact form --
 and NaN slopes at ±inf. Large finite |x| (±1e30, float64's ±1e300) give x and −0 with slopes
-1 and 0 (PyTorch's float32 tanh-form slope is NaN at ±1e30, where its x³ overflows). NaN propagates to its own element and nowhere else.
+1 and 0 (PyTorch's float32 tanh-form slope is NaN at ±1e30, where its x³ overflows). NaN
+propagates to its own element and nowhere else.
 """
 import numpy as np
 
