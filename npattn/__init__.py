@@ -21,6 +21,7 @@ from .functional.cross_entropy import (cross_entropy, cross_entropy_backward,
                                        cross_entropy_forward)
 from .functional.dropout import dropout, dropout_backward, dropout_forward, dropout_mask
 from .functional.embedding import embedding, embedding_backward, embedding_forward
+from .functional.gelu import gelu, gelu_backward, gelu_forward
 from .functional.layer_norm import layer_norm, layer_norm_backward, layer_norm_forward
 from .functional.linear import linear, linear_backward, linear_forward
 from .functional.matmul import matmul, matmul_backward, matmul_forward
@@ -57,4 +58,5 @@ __all__ = [
     "embedding", "embedding_forward", "embedding_backward",
     "cross_entropy", "cross_entropy_forward", "cross_entropy_backward",
     "layer_norm", "layer_norm_forward", "layer_norm_backward",
+    "gelu", "gelu_forward", "gelu_backward",
 ]

@@ -521,3 +521,30 @@ def layer_norm_backward_args(dout, x, normalized_shape, weight, bias, eps):
     same_dtype("dout", dout, "x", x)
     exact_shape("dout", dout, x.shape, "to match x")
     return contiguous(dout), x, shape, weight, bias, eps
+
+
+# ---------------------------------------------------------------- gelu
+
+APPROXIMATIONS = ("none", "tanh")
+
+
+def approximation(name, value):
+    """GELU's ``approximate``: "none" (the exact erf form) or "tanh", as PyTorch spells them."""
+    if not isinstance(value, str) or value not in APPROXIMATIONS:
+        raise ValueError(f"{name} must be one of {APPROXIMATIONS}; got {value!r}")
+    return value
+
+
+def gelu_args(x, approximate):
+    """x float of any shape -> x C-contiguous, and whether the tanh form is asked for."""
+    x = float_array("x", x)
+    tanh_form = approximation("approximate", approximate) == "tanh"
+    return contiguous(x), tanh_form
+
+
+def gelu_backward_args(dout, x, approximate):
+    x, tanh_form = gelu_args(x, approximate)
+    dout = float_array("dout", dout)
+    same_dtype("dout", dout, "x", x)
+    exact_shape("dout", dout, x.shape, "to match x")
+    return contiguous(dout), x, tanh_form

@@ -26,13 +26,23 @@ and PyTorch's). Each update is whole-array NumPy per parameter, with no per-elem
 the parameter's position across groups, holding ``"momentum_buffer"`` or ``"step"``,
 ``"exp_avg"``, ``"exp_avg_sq"``, ``"max_exp_avg_sq"``; ``"param_groups"`` with the options and
 ``"params"`` as positions), so PyTorch's state converted with ``.numpy()`` loads too.
+
+Learning-rate schedules are ``torch.optim.lr_scheduler``'s, same names, same numbers:
+:class:`LambdaLR`, :class:`LinearLR`, :class:`CosineAnnealingLR` and :class:`SequentialLR`
+(linear warm-up, then cosine decay, is ``SequentialLR(opt, [LinearLR(...),
+CosineAnnealingLR(...)], milestones=[warmup])``). Each sets every group's ``lr`` (and, once,
+``initial_lr``) as PyTorch's does; ``scheduler.step()`` goes after ``opt.step()``.
 """
+import bisect
 import copy
+import math
+import numbers
+import types
+import warnings
 
 import numpy as np
 
-from ._checks import converted, real_float
-from ._checks import converted, real_float
+from ._checks import converted, int_value, real_float
 from .nn.module import Parameter
 
 
@@ -461,3 +471,337 @@ class AdamW(Adam):
                  amsgrad=False, maximize=False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, maximize=maximize)
+
+
+# ------------------------------------------------------------------ learning-rate schedules
+
+EPOCH_DEPRECATION_WARNING = (
+    "The epoch parameter in `scheduler.step()` was not necessary and is being deprecated "
+    "where possible. Please use `scheduler.step()` to step the scheduler. During the "
+    "deprecation, if epoch is different from None, the closed form is used instead of the new "
+    "chainable form, where available.")
+
+
+def _factor(name, value, low, high, low_open):
+    """A real number in [low, high] (or (low, high]); NaN is refused."""
+    value = real_float(name, value)
+    if not ((low < value) if low_open else (low <= value)) or not value <= high:
+        interval = f"{'(' if low_open else '['}{low}, {high}]"
+        raise ValueError(f"{name} must be in {interval}; got {value}")
+    return value
+
+
+def _count(name, value, minimum):
+    value = int_value(name, value)
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
+    return value
+
+
+class LRScheduler:
+    """Base class of the learning-rate schedules, as ``torch.optim.lr_scheduler.LRScheduler``.
+
+    ``last_epoch`` counts the ``step()`` calls (-1 before the constructor's own first step,
+    which sets each group's ``lr`` for step 0). The constructor stores each group's ``lr`` as
+    its ``initial_lr`` -- unless the group has one, from an earlier scheduler -- and
+    ``base_lrs`` are those. ``step()`` then sets ``group["lr"]`` from :meth:`get_lr`, which
+    PyTorch writes *recursively* (from the group's current ``lr``, so that schedules chain);
+    ``get_last_lr()`` returns what it set. Resuming with ``last_epoch >= 0`` needs the groups'
+    ``initial_lr``. ``state_dict()`` is every attribute but the optimizer, as PyTorch's.
+
+    Subclasses define ``get_lr()`` and may define ``_get_closed_form_lr()`` (used by
+    ``step(epoch)``, which PyTorch deprecates, and by :class:`SequentialLR` at a milestone).
+    PyTorch's warnings about calling ``scheduler.step()`` before ``optimizer.step()`` are not
+    reproduced.
+    """
+
+    _is_initial = False
+
+    def __init__(self, optimizer, last_epoch=-1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be an npattn.optim optimizer; got "
+                            f"{type(optimizer).__name__}")
+        last_epoch = _count("last_epoch", last_epoch, -1)
+        self.optimizer = optimizer
+        if last_epoch == -1:
+            for group in optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+        else:
+            for i, group in enumerate(optimizer.param_groups):
+                if "initial_lr" not in group:
+                    raise ValueError(
+                        f"last_epoch = {last_epoch} resumes a schedule, which needs each "
+                        f"group's 'initial_lr' (set by a scheduler built with last_epoch=-1, "
+                        f"and saved in the optimizer's state_dict); got param_groups[{i}] "
+                        f"without it")
+        self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self._initial_step()
+
+    def _initial_step(self):
+        """Reset the step count and take the first step (which sets the lrs of step 0)."""
+        self._step_count = 0
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
+
+    def get_lr(self):
+        raise NotImplementedError(f"{type(self).__name__} does not define get_lr")
+
+    def get_last_lr(self):
+        """The learning rates the last step set, one per parameter group."""
+        return list(self._last_lr)
+
+    def step(self, epoch=None):
+        """Advance the schedule one step and set every group's ``lr``. ``epoch`` (deprecated,
+        as in PyTorch) jumps to that step, with the closed form where there is one."""
+        self._step_count += 1
+        if epoch is not None:
+            warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
+            epoch = _count("epoch", epoch, 0)
+        self._update_lr(epoch)
+
+    def _update_lr(self, epoch=None):
+        if epoch is None:
+            self.last_epoch += 1
+            values = self.get_lr()
+        else:
+            self.last_epoch = epoch
+            closed_form = getattr(self, "_get_closed_form_lr", None)
+            values = closed_form() if closed_form is not None else self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self):
+        """Every attribute but the optimizer (copies), as PyTorch's."""
+        return {key: copy.deepcopy(value) for key, value in self.__dict__.items()
+                if key != "optimizer"}
+
+    def load_state_dict(self, state_dict):
+        """Restore what :meth:`state_dict` returned (or PyTorch's scheduler state)."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict (what state_dict() returns); got "
+                            f"{type(state_dict).__name__}")
+        self.__dict__.update(copy.deepcopy(state_dict))
+
+    def __repr__(self):
+        return f"{type(self).__name__}(last_epoch={self.last_epoch}, lr={self._last_lr})"
+
+
+class LambdaLR(LRScheduler):
+    """lr_t = initial_lr · lr_lambda(t), as ``torch.optim.lr_scheduler.LambdaLR``.
+
+    ``lr_lambda`` is a function of the step t (an int) giving a real factor, or a list of
+    them, one per parameter group. ``state_dict()`` saves a lambda as None (a function
+    cannot be saved) and a callable object as a copy of its ``__dict__``, as PyTorch's.
+    """
+
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be an npattn.optim optimizer; got "
+                            f"{type(optimizer).__name__}")
+        groups = len(optimizer.param_groups)
+        lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * groups
+        if len(lambdas) != groups:
+            raise ValueError(f"lr_lambda must be one function or a list of {groups} (one per "
+                             f"parameter group); got a list of {len(lambdas)}")
+        for i, fn in enumerate(lambdas):
+            if not callable(fn):
+                where = "lr_lambda" if not isinstance(lr_lambda, (list, tuple)) else \
+                    f"lr_lambda[{i}]"
+                raise TypeError(f"{where} must be a function of the step (an int) returning a "
+                                f"factor; got {type(fn).__name__}")
+        self.lr_lambdas = lambdas
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        return [base_lr * real_float(f"lr_lambda({self.last_epoch})", fn(self.last_epoch))
+                for fn, base_lr in zip(self.lr_lambdas, self.base_lrs)]
+
+    def state_dict(self):
+        state = {key: copy.deepcopy(value) for key, value in self.__dict__.items()
+                 if key not in ("optimizer", "lr_lambdas")}
+        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else
+                               copy.deepcopy(fn.__dict__) for fn in self.lr_lambdas]
+        return state
+
+    def load_state_dict(self, state_dict):
+        if not isinstance(state_dict, dict) or "lr_lambdas" not in state_dict:
+            raise TypeError("state_dict must be a dict with an 'lr_lambdas' entry (what "
+                            f"state_dict() returns); got {type(state_dict).__name__}")
+        state = {k: v for k, v in state_dict.items() if k != "lr_lambdas"}
+        self.__dict__.update(copy.deepcopy(state))
+        for fn, saved in zip(self.lr_lambdas, state_dict["lr_lambdas"]):
+            if saved is not None:
+                fn.__dict__.update(copy.deepcopy(saved))
+
+
+class LinearLR(LRScheduler):
+    """The factor of initial_lr goes linearly from ``start_factor`` (step 0) to
+    ``end_factor`` (step ``total_iters`` and after), as ``torch.optim.lr_scheduler.LinearLR``:
+    the warm-up of a warm-up-then-decay schedule.
+
+        closed form:  lr_t = initial_lr · (s + (e − s)·min(t, T)/T),   s, e, T as named
+        evaluated as PyTorch does, recursively:
+        lr_0 = lr·s,   lr_t = lr_{t−1}·(1 + (e − s)/(T·s + (t − 1)·(e − s)))  for 0 < t ≤ T
+
+    Args: start_factor in (0, 1], end_factor in [0, 1], total_iters T >= 0 (T = 0: the
+    closed form is e from step 0 on; PyTorch divides by zero there).
+    """
+
+    def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5,
+                 last_epoch=-1):
+        self.start_factor = _factor("start_factor", start_factor, 0.0, 1.0, low_open=True)
+        self.end_factor = _factor("end_factor", end_factor, 0.0, 1.0, low_open=False)
+        self.total_iters = _count("total_iters", total_iters, 0)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        groups = self.optimizer.param_groups
+        if self.last_epoch == 0:
+            return [group["lr"] * self.start_factor for group in groups]
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return [group["lr"] for group in groups]
+        return [group["lr"] * (1.0 + (self.end_factor - self.start_factor) / (
+                    self.total_iters * self.start_factor
+                    + (self.last_epoch - 1) * (self.end_factor - self.start_factor)))
+                for group in groups]
+
+    def _get_closed_form_lr(self):
+        if self.total_iters == 0:
+            return [base_lr * self.end_factor for base_lr in self.base_lrs]
+        return [base_lr * (self.start_factor + (self.end_factor - self.start_factor)
+                           * min(self.total_iters, self.last_epoch) / self.total_iters)
+                for base_lr in self.base_lrs]
+
+
+class CosineAnnealingLR(LRScheduler):
+    """Cosine annealing from initial_lr down to ``eta_min`` over ``T_max`` steps, as
+    ``torch.optim.lr_scheduler.CosineAnnealingLR`` (no restarts: past T_max it rises again).
+
+        closed form:  lr_t = η_min + (initial_lr − η_min)·(1 + cos(π·t/T_max))/2
+        evaluated as PyTorch does, recursively (so that it chains after a warm-up):
+        lr_t = η_min + (lr_{t−1} − η_min)·(1 + cos(π·t/T_max)) / (1 + cos(π·(t − 1)/T_max))
+        and, where the denominator is 0 (t − 1 − T_max a multiple of 2·T_max),
+        lr_t = lr_{t−1} + (initial_lr − η_min)·(1 − cos(π/T_max))/2
+
+    Args: T_max >= 1 steps; eta_min >= 0, finite.
+    """
+
+    def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch=-1):
+        self.T_max = _count("T_max", T_max, 1)
+        eta_min = real_float("eta_min", eta_min)
+        if not 0.0 <= eta_min < math.inf:                 # also rejects NaN
+            raise ValueError(f"eta_min must be a finite real number >= 0; got {eta_min}")
+        self.eta_min = eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        groups, t, T, eta = self.optimizer.param_groups, self.last_epoch, self.T_max, self.eta_min
+        if self._is_initial:
+            return [group["lr"] for group in groups]
+        if self._step_count == 1 and t > 0:
+            return [eta + (base_lr - eta) * (1 + math.cos(t * math.pi / T)) / 2
+                    for base_lr in self.base_lrs]
+        if (t - 1 - T) % (2 * T) == 0:
+            return [group["lr"] + (base_lr - eta) * (1 - math.cos(math.pi / T)) / 2
+                    for base_lr, group in zip(self.base_lrs, groups)]
+        return [(1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T))
+                * (group["lr"] - eta) + eta for group in groups]
+
+    def _get_closed_form_lr(self):
+        return [self.eta_min + (base_lr - self.eta_min)
+                * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base_lr in self.base_lrs]
+
+
+class SequentialLR(LRScheduler):
+    """Schedules one after another, as ``torch.optim.lr_scheduler.SequentialLR``:
+    ``schedulers[i]`` runs from ``milestones[i - 1]`` to ``milestones[i]``; each one after the
+    first starts, at its milestone, from its closed form at step 0 (its initial_lr).
+
+    Warm-up then cosine decay, GPT-style::
+
+        warmup = LinearLR(opt, start_factor=1e-3, total_iters=W)
+        decay = CosineAnnealingLR(opt, T_max=steps - W, eta_min=lr / 10)
+        schedule = SequentialLR(opt, [warmup, decay], milestones=[W])
+
+    Args: schedulers (a list of schedulers of this optimizer, at least one), milestones
+    (len(schedulers) − 1 non-decreasing ints >= 0). The constructor undoes the steps the
+    schedulers took when they were built and restarts the first, as PyTorch's does.
+    """
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be an npattn.optim optimizer; got "
+                            f"{type(optimizer).__name__}")
+        if not isinstance(schedulers, (list, tuple)) or not schedulers:
+            raise ValueError(f"schedulers must be a non-empty list of schedulers; got "
+                             f"{schedulers!r}")
+        for i, scheduler in enumerate(schedulers):
+            if not isinstance(scheduler, LRScheduler):
+                raise TypeError(f"schedulers[{i}] must be a learning-rate scheduler; got "
+                                f"{type(scheduler).__name__}")
+            if scheduler.optimizer is not optimizer:
+                raise ValueError(f"schedulers[{i}] must schedule this optimizer; got one of "
+                                 f"another optimizer")
+        if not isinstance(milestones, (list, tuple)):
+            raise TypeError(f"milestones must be a list of ints; got {type(milestones).__name__}")
+        milestones = [_count(f"milestones[{i}]", m, 0) for i, m in enumerate(milestones)]
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(f"milestones must hold one fewer entry than schedulers "
+                             f"({len(schedulers) - 1}); got {len(milestones)}")
+        if milestones != sorted(milestones):
+            raise ValueError(f"milestones must be non-decreasing; got {milestones}")
+        last_epoch = _count("last_epoch", last_epoch, -1)
+        self._schedulers = list(schedulers)
+        self._milestones = milestones
+        self.last_epoch = last_epoch + 1
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:              # back to the initial values
+            group["lr"] = group["initial_lr"]
+        self.recursive_undo()                             # the schedulers' first steps
+        first = bisect.bisect_right(self._milestones, 0)  # the one meant to run at step 0
+        self._schedulers[first]._initial_step()
+        self._last_lr = self._schedulers[first].get_last_lr()
+
+    def recursive_undo(self, sched=None):
+        """Take back the step each (nested) scheduler took when it was built."""
+        scheds = self if sched is None else sched
+        if hasattr(scheds, "_schedulers"):
+            for s in scheds._schedulers:
+                self.recursive_undo(s)
+        elif hasattr(scheds, "last_epoch"):
+            scheds.last_epoch -= 1
+
+    def step(self):
+        self.last_epoch += 1
+        idx = bisect.bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
+            scheduler._update_lr(0)                       # starts from its step 0
+        else:
+            scheduler.step()
+        self._last_lr = scheduler.get_last_lr()
+
+    def state_dict(self):
+        state = {key: copy.deepcopy(value) for key, value in self.__dict__.items()
+                 if key not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict):
+        if not isinstance(state_dict, dict) or "_schedulers" not in state_dict:
+            raise TypeError("state_dict must be a dict with a '_schedulers' entry (what "
+                            f"state_dict() returns); got {type(state_dict).__name__}")
+        saved = state_dict["_schedulers"]
+        if len(saved) != len(self._schedulers):
+            raise ValueError(f"state_dict holds {len(saved)} schedulers; this SequentialLR "
+                             f"has {len(self._schedulers)}")
+        self.__dict__.update(copy.deepcopy({k: v for k, v in state_dict.items()
+                                            if k != "_schedulers"}))
+        for scheduler, state in zip(self._schedulers, saved):
+            scheduler.load_state_dict(state)

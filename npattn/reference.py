@@ -9,6 +9,8 @@ Conventions: ``<op>_backward(dout, ...)`` returns one gradient per differentiabl
 forward's argument order. A fully masked softmax row (every entry ``-inf``) gives zeros, and
 zero gradient, as PyTorch's scaled_dot_product_attention does since 2.5.
 """
+import math
+
 import numpy as np
 
 
@@ -403,3 +405,53 @@ def layer_norm_backward(dout, x, normalized_shape, weight=None, bias=None, eps=1
     dweight = None if weight is None else np.sum(dout * xhat, axis=lead)
     dbias = None if bias is None else np.sum(dout, axis=lead)
     return dx, dweight, dbias
+
+
+# ------------------------------------------------------------------------- GELU
+
+GELU_APPROXIMATIONS = ("none", "tanh")
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])     # float64, ~1 ulp (the C library's)
+
+
+def _gelu_parts(x, approximate):
+    """(Φ, Φ') of GELU(x) = x·Φ(x), elementwise in float64.
+
+    "none": Φ(x) = ½·(1 + erf(x/√2)), the normal CDF, written ½·erfc(−x/√2) -- the same
+    function, without the cancellation of 1 + erf(x/√2) ≈ 0 for x ≪ 0 -- and Φ' = φ, the
+    normal density exp(−x²/2)/√(2π).
+    "tanh": Φ(x) = ½·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), written 1/(1 + exp(−2u))
+    (again the same function), and Φ' = ½·(1 − tanh²(u))·u' = 2·Φ·(1 − Φ)·u'.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if approximate == "none":
+            cdf = 0.5 * _erfc(-x / math.sqrt(2.0))
+            pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        else:
+            u = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)
+            e = np.exp(-2.0 * np.abs(u))                     # ≤ 1: no overflow
+            cdf = np.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+            du = math.sqrt(2.0 / math.pi) * (1.0 + 3.0 * 0.044715 * x * x)
+            pdf = 2.0 * e / (1.0 + e) ** 2 * du               # 2·Φ·(1 − Φ)·u'
+            pdf = np.where(np.isnan(x), np.nan, np.where(e == 0, 0.0, pdf))   # inf·0 at |x|≫1
+    return cdf, pdf
+
+
+def gelu_forward(x, approximate="none"):
+    """GELU(x) = x·Φ(x), Φ the standard normal CDF ("none") or PyTorch's tanh approximation
+    ½·(1 + tanh(√(2/π)·(x + 0.044715·x³))) ("tanh"). GELU(−inf) = −0 (the limit), +inf = +inf.
+    Shapes: x (...) -> (...)
+    """
+    x = np.asarray(x, dtype=np.float64)
+    cdf, _ = _gelu_parts(x, approximate)
+    with np.errstate(invalid="ignore"):
+        return np.where(cdf == 0, -0.0, x * cdf)             # −inf·0: the limit, −0
+
+def gelu_backward(dout, x, approximate="none"):
+    """dx = dout ∘ (Φ(x) + x·Φ'(x)); the x·Φ' term is 0 where Φ' underflows (|x| ≫ 1, ±inf).
+    Shapes: dout, x (...) -> dx (...)
+    """
+    x = np.asarray(x, dtype=np.float64)
+    cdf, pdf = _gelu_parts(x, approximate)
+    with np.errstate(invalid="ignore"):
+        return dout * (cdf + np.where(pdf == 0, 0.0, x * pdf))

@@ -615,3 +615,34 @@ def gen_layer_norm(case, fn, backward):
     case.run(fn, check)
 
 
+
+
+def gen_gelu(case, fn, backward):
+    dt = case.dtype()
+    shape = case.draw(shapes(max_ndim=3, max_dim=6), "shape")
+    case.group = ["x", "dout"]
+    if backward:
+        dout = case.array(shape, dt, name="dout")
+        case.add("dout", dout, float_options(case, dout, anchored=DTYPE,
+                                             bad_shapes=[shape + (1,), (2,) + shape]))
+    x = case.add("x", case.array(shape, dt, name="x"))
+    case.options["x"] = float_options(case, x, anchored=DTYPE if backward else False)
+    approximate = case.draw(st.sampled_from(["none", "tanh"]), "approximate")
+    case.add("approximate", approximate, choice_options(["none", "tanh"]),
+             keyword=case.draw(st.booleans(), "approximate="))
+    case.mutate()
+
+    def check(result, a):
+        x = f64(a["x"])
+        dt = dtype_of(a["x"])
+        expect(result, x.shape, dt)
+        with np.errstate(all="ignore"):
+            if not backward:
+                want = reference.gelu_forward(x, a["approximate"])
+                close(result, want, dt, np.abs(x))
+                return
+            dout = f64(a["dout"])
+            want = reference.gelu_backward(dout, x, a["approximate"])
+            close(result, want, dt, np.abs(dout) * (1 + np.abs(x)))
+
+    case.run(fn, check)

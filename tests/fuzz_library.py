@@ -1,4 +1,4 @@
-"""Fuzz case generators for the optimisers, gradcheck and ``nn.init`` (the harness: ``fuzz_harness``; the table that
+"""Fuzz case generators for the optimisers, lr schedules, gradcheck, ``nn.init`` and ``nn.utils`` (the harness: ``fuzz_harness``; the table that
 maps public names to generators, and the tests: ``test_fuzz``)."""
 from fuzz_harness import *  # noqa: F401,F403 -- Case, the option generators, helpers
 from fuzz_modules import module_dtype
@@ -334,3 +334,152 @@ def gen_init(case, fn):
     case.run(fn, check)
 
 
+
+
+# ---------------------------------------------------------------------------- nn.utils
+
+NONFINITE = object()   # what a case returns for the RuntimeError error_if_nonfinite asks for
+
+
+def gen_clip_grad_norm(case, fn):
+    dt = case.dtype()
+    params = []
+    for i in range(case.draw(st.integers(1, 3), "parameters")):
+        shape = case.draw(shapes(max_ndim=2, max_dim=4, min_dim=1), f"shape {i}")
+        param = nn.Parameter(np.zeros(shape, dt))
+        grad = None if case.draw(st.integers(0, 4), f"grad {i} None") == 0 else case.array(
+            shape, dt, ("normal",) * 4 + ("nan", "inf", "huge", "tiny"), name=f"grad {i}")
+        # any strides, but writeable: it is scaled in place (a read-only one is refused)
+        param.grad = grad if grad is None or grad.flags.writeable else grad.copy()
+        if grad is not None and case.draw(st.integers(0, 3), f"grad {i} poisoned") == 0:
+            param.grad.flat[0] = case.draw(st.sampled_from([math.nan, math.inf]), "poison")
+            case.finite = False
+        params.append(param)
+    case.add("parameters", params, [
+        ("None", None, True), ("an array", np.ones(3), True), ("ints", [1, 2], True),
+        ("a string", "abc", True), ("a dict", {"a": params[0]}, True),
+        ("a list with an array", params + [np.ones(2)], True),
+        ("one Parameter", params[0], False), ("a generator", (p for p in params), False),
+        ("[]", [], False), ("a tuple", tuple(params), False)])
+    case.add("max_norm", case.draw(st.sampled_from([1.0, 0.0, 1e-3, 1e6, math.inf]),
+                                   "max_norm"), real_options("max_norm"))
+    case.add("norm_type", case.draw(st.sampled_from([2.0, 1.0, 3.0, math.inf, 0.0]),
+                                    "norm_type"),
+             [("nan", math.nan, True), ("'fro'", "fro", True), ("None", None, True),
+              ("True", True, True), ("10**400", 10**400, True), ("2", 2, False),
+              ("np.float32(2)", np.float32(2), False), ("-inf", -math.inf, False)],
+             keyword=True)
+    case.add("error_if_nonfinite", case.draw(st.booleans(), "error_if_nonfinite"),
+             flag_options(), keyword=True)
+    case.add("foreach", None, [("True", True, False), ("'yes'", "yes", True),
+                               ("1", 1, True)], keyword=True)
+    case.mutate()
+    before = [None if p.grad is None else p.grad.copy() for p in params]
+
+    def call(fn):
+        try:
+            return case.call(fn)
+        except RuntimeError as exc:
+            if "non-finite" not in str(exc):
+                raise
+            return NONFINITE
+
+    def check(total, a):
+        chosen = a["parameters"]
+        chosen = [chosen] if isinstance(chosen, nn.Parameter) else params if not isinstance(
+            chosen, list) else chosen
+        grads = [g for p, g in zip(params, before) if g is not None and any(
+            p is q for q in chosen)]
+        norm_type = float(a["norm_type"])
+        with np.errstate(all="ignore"):
+            def norm(v):
+                v = np.abs(np.asarray(v, np.float64).reshape(-1))
+                if norm_type in (math.inf, -math.inf):
+                    return (v.max() if norm_type > 0 else v.min()) if v.size else (
+                        0.0 if norm_type > 0 else math.inf)
+                if norm_type == 0:
+                    return float(np.count_nonzero(v))
+                return np.sum(v ** norm_type) ** (1 / norm_type)
+            want = norm([norm(g) for g in grads]) if grads else 0.0
+        finite = math.isfinite(np.float64(np.asarray(want, dt)))
+        if total is NONFINITE:
+            assert a["error_if_nonfinite"] and not finite, "a RuntimeError for a finite total"
+            for p, g in zip(params, before):
+                assert (p.grad is None) if g is None else np.array_equal(p.grad, g, equal_nan=True)
+            return
+        assert isinstance(total, np.generic), f"total is {type(total).__name__}"
+        assert not (a["error_if_nonfinite"] and not finite and grads), "no RuntimeError"
+        if finite and grads:
+            close(total, want, total.dtype, 0.0, "total")
+            coef = min(float(a["max_norm"]) / (want + 1e-6), 1.0)
+            for p, g in zip(params, before):
+                if g is not None and any(p is q for q in chosen):
+                    close(p.grad, np.asarray(g, np.float64) * coef, dt, np.abs(g), "grad")
+
+    case.run(fn, check, call=call)
+
+
+# ---------------------------------------------------------------------------- lr schedules
+
+def gen_lr_scheduler(case, cls):
+    """A schedule on a two-group optimiser, its arguments right or wrong; then steps, each
+    lr finite, >= 0 and what the group holds, and a state_dict round trip."""
+    model = nn.Sequential(nn.Linear(3, 2, rng=0), nn.LayerNorm(2))
+    params = model.parameters()
+    opt = optim.AdamW([{"params": params[:2]}, {"params": params[2:], "lr": 0.5}], lr=0.1)
+    case.add("optimizer", opt, [("None", None, True), ("a list", [opt], True),
+                                ("a model", model, True)])
+    if cls is optim.LambdaLR:
+        case.add("lr_lambda", lambda t: 0.9 ** t, [
+            ("a float", 0.5, True), ("None", None, True), ("three functions",
+                                                          [lambda t: 1.0] * 3, True),
+            ("a function returning a string", lambda t: "x", True),
+            ("two functions", [lambda t: 1.0, lambda t: 1.0 / (1 + t)], False)])
+    elif cls is optim.LinearLR:
+        case.add("start_factor", case.draw(st.sampled_from([1 / 3, 1e-3, 1.0]), "start"), [
+            ("0.0", 0.0, True), ("1.5", 1.5, True), ("nan", math.nan, True),
+            ("'0.5'", "0.5", True), ("None", None, True), ("np.float32(0.5)",
+                                                          np.float32(0.5), False)])
+        case.add("end_factor", 1.0, [("-0.1", -0.1, True), ("2", 2, True), ("0", 0, False)])
+        case.add("total_iters", case.draw(st.integers(0, 6), "total_iters"),
+                 size_options(5))
+    elif cls is optim.CosineAnnealingLR:
+        case.add("T_max", case.draw(st.integers(1, 9), "T_max"), size_options(5, 1))
+        case.add("eta_min", case.draw(st.sampled_from([0.0, 1e-3]), "eta_min"),
+                 real_options("eta_min") + [("inf", math.inf, True)])
+    else:
+        first = optim.LinearLR(opt, start_factor=0.1, total_iters=3)
+        second = optim.CosineAnnealingLR(opt, T_max=5)
+        other = optim.LinearLR(optim.SGD(params, lr=0.1))
+        case.add("schedulers", [first, second], [
+            ("[]", [], True), ("None", None, True), ("a scheduler", first, True),
+            ("an int in it", [first, 3], True), ("another optimizer's", [first, other], True),
+            ("one", [first], "milestones")])
+        case.add("milestones", [3], [("[]", [], "milestones"), ("[1.5]", [1.5], True),
+                                     ("[-1]", [-1], True), ("3", 3, True), ("None", None, True),
+                                     ("(3,)", (3,), False)])
+    case.add("last_epoch", -1, [("-2", -2, True), ("1.0", 1.0, True), ("'0'", "0", True),
+                                ("None", None, True), ("np.int64(-1)", np.int64(-1), False)],
+             keyword=True)
+    case.mutate(most=1)
+    if cls is optim.SequentialLR and case.choice.get("schedulers") == "one" and \
+            case.choice.get("milestones") == "[]":
+        case.bad.discard("milestones")                # one scheduler, no milestone: right
+    sched = case.run(cls, lambda s, a: None)
+    if sched is None:
+        return
+    COUNTS[case.target] += 1
+    for _ in range(case.draw(st.integers(1, 12), "steps")):
+        lrs = sched.get_last_lr()
+        assert lrs == [g["lr"] for g in opt.param_groups], "get_last_lr is not the groups' lr"
+        assert all(isinstance(lr, float) and math.isfinite(lr) and lr >= 0 for lr in lrs), lrs
+        opt.step()
+        sched.step()
+    state, lrs = sched.state_dict(), [g["lr"] for g in opt.param_groups]
+    sched.step()
+    want = sched.get_last_lr()
+    sched.load_state_dict(state)
+    for group, lr in zip(opt.param_groups, lrs):      # (the recursive forms read group lr,
+        group["lr"] = lr                              # which the optimiser's state restores)
+    sched.step()
+    assert sched.get_last_lr() == want, "state_dict did not restore the schedule"

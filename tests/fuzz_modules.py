@@ -532,3 +532,85 @@ def gen_parameter(case, cls):
                                                   param.dtype, 1.0, "grad"))
 
 
+
+
+def gen_gelu_module(case, cls):
+    case.add("approximate", case.draw(st.sampled_from(["none", "tanh"]), "approximate"),
+             choice_options(["none", "tanh"]))
+    module = construct(case, cls)
+    if module is None:
+        return
+    dt = case.dtype()
+    shape = case.draw(shapes(max_ndim=3, max_dim=4), "shape")
+    backward_first(case, module, np.zeros(shape, dt))
+    case.stage()
+    x = case.add("x", case.array(shape, dt, name="x"))
+    case.options["x"] = float_options(case, x, anchored=False)
+    case.mutate()
+
+    def check_forward(y, a):
+        x = f64(a["x"])
+        expect(y, x.shape, dtype_of(a["x"]))
+        close(y, reference.gelu_forward(x, module.approximate), dtype_of(a["x"]), np.abs(x))
+
+    y = case.run(module, check_forward)
+    if y is None:
+        return
+    x = module._saved
+    case.stage()
+    case.group = ["dout"]
+    dout = case.add("dout", case.values(y.shape, y.dtype))
+    case.options["dout"] = float_options(case, dout, anchored=True,
+                                         bad_shapes=[y.shape + (1,), (2,) + y.shape])
+    case.mutate()
+
+    def check_backward(dx, a):
+        expect(dx, y.shape, y.dtype)
+        d = f64(a["dout"])
+        close(dx, reference.gelu_backward(d, f64(x), module.approximate), y.dtype,
+              np.abs(d) * (1 + np.abs(f64(x))))
+
+    case.run(module.backward, check_backward)
+
+
+def gen_module_list(case, cls):
+    """The constructor with right and wrong ``modules``; then the list operations, PyTorch's
+    names in state_dict, and the container's missing forward and backward."""
+    dt = case.dtype()
+    layers = [nn.Linear(2, 2, dtype=dt, rng=i) for i in range(case.draw(st.integers(0, 3),
+                                                                         "length"))]
+    case.add("modules", layers, [
+        ("None", None, False), ("a tuple", tuple(layers), False),
+        ("a generator", (m for m in layers), False), ("a Sequential", nn.Sequential(*layers),
+                                                      False),
+        ("a single Module", nn.GELU(), True), ("an int", 3, True), ("a string", "ab", True),
+        ("a list with an int", layers + [3], True), ("a list with None", [None], True),
+        ("a list with a class", [nn.Linear], True), ("an array", np.ones(2), True)])
+    module = construct(case, cls, lambda m, a: None)
+    if module is None:
+        return
+    n = len(module)
+    assert n in (0, len(layers)), f"ModuleList holds {n} modules"
+    names = [f"{i}.{p}" for i in range(n) for p in ("weight", "bias")]
+    assert list(module.state_dict()) == names, list(module.state_dict())
+    COUNTS[case.target] += 1
+    for i in range(-n, n):
+        assert module[i] is list(module)[i]
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError, match="out of range"):
+            module[bad]
+    with pytest.raises(NotImplementedError, match="no forward"):
+        module(np.zeros((1, 2), dt))
+    with pytest.raises(NotImplementedError, match="no backward"):
+        module.backward(np.zeros((1, 2), dt))
+    case.stage()
+    case.add("module", nn.GELU(), [("None", None, True), ("an int", 3, True),
+                                   ("a function", np.tanh, True), ("the class", nn.GELU, True),
+                                   ("a Linear", nn.Linear(2, 2, dtype=dt), False)])
+    case.mutate(most=1)
+
+    def check_append(result, a):
+        assert result is module and len(module) == n + 1 and module[-1] is a["module"]
+        assert list(module._modules) == [str(i) for i in range(n + 1)]
+
+    case.run(module.append, check_append)

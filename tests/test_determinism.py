@@ -58,6 +58,9 @@ for dtype in (np.float32, np.float64):
     gamma, beta = rng.standard_normal((2, 129)).astype(dtype)
     ln = npattn.layer_norm(x, 129, gamma, beta)
     outs += [ln, *npattn.layer_norm_backward(ln, x, 129, gamma, beta)]
+    for approximate in ("none", "tanh"):   # 3·37·129 elements: several prange blocks
+        g = npattn.gelu(x, approximate)
+        outs += [g, npattn.gelu_backward(ln, x, approximate)]
     for o in outs:
         digest.update(np.ascontiguousarray(o).tobytes())
 print(digest.hexdigest())

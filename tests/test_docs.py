@@ -6,6 +6,7 @@ that breaks a formula in the code, or a formula in the document that the code do
 fails here. No kernel runs: the whole file takes a few seconds.
 """
 import ast
+import math
 import pathlib
 import re
 
@@ -64,7 +65,7 @@ def test_every_functional_backward_is_derived():
 
 def test_sections_are_all_there():
     headings = re.findall(r"^## (\d+)\. ", doc_text(), flags=re.M)
-    assert headings == [str(i) for i in range(1, 13)], headings
+    assert headings == [str(i) for i in range(1, 14)], headings
 
 
 # ------------------------------------------------------------------------- helpers
@@ -443,3 +444,32 @@ def test_multihead_self_attention_chain(seed, length, n, heads, d):
     np.testing.assert_allclose(din_w, central_differences(loss, in_w.copy()), **FD_TOL)
     loss = dot_with(dout, lambda w: mha_forward(x, in_w, in_b, w, out_b, heads))
     np.testing.assert_allclose(dout_w, central_differences(loss, out_w.copy()), **FD_TOL)
+
+
+# ------------------------------------------------------------------------- section 13
+
+@given(seed=seeds, n=st.integers(1, 12), approximate=st.sampled_from(["none", "tanh"]))
+def test_gelu_backward_formulas(seed, n, approximate):
+    """Section 13: dx = dout ∘ (Φ + x·Φ'), Φ' = φ or ½(1 − tanh²u)·u' -- the document's
+    formulas against the textbook and against central differences; and the rewritten forms
+    (½·erfc(−x/√2), 1/(1 + exp(−2u)), 2Φ(1 − Φ)) equal the documented ones."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n) * 3.0
+    dout = rng.standard_normal(n)
+    erf = np.vectorize(math.erf)
+    if approximate == "none":
+        cdf = 0.5 * (1 + erf(x / math.sqrt(2)))
+        dcdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        np.testing.assert_allclose(cdf, 0.5 * np.vectorize(math.erfc)(-x / math.sqrt(2)),
+                                   **TOL)
+    else:
+        u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+        cdf = 0.5 * (1 + np.tanh(u))
+        dcdf = 0.5 * (1 - np.tanh(u) ** 2) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x * x)
+        np.testing.assert_allclose(cdf, 1 / (1 + np.exp(-2 * u)), **TOL)
+        np.testing.assert_allclose(0.5 * (1 - np.tanh(u) ** 2), 2 * cdf * (1 - cdf), **TOL)
+    np.testing.assert_allclose(reference.gelu_forward(x, approximate), x * cdf, **TOL)
+    dx = dout * (cdf + x * dcdf)
+    np.testing.assert_allclose(reference.gelu_backward(dout, x, approximate), dx, **TOL)
+    loss = dot_with(dout, lambda x: reference.gelu_forward(x, approximate))
+    np.testing.assert_allclose(dx, central_differences(loss, x.copy()), **FD_TOL)

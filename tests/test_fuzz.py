@@ -3,12 +3,14 @@ arguments, either returns a correct result or raises ValueError/TypeError naming
 
 The harness (``Case``, the option generators) is ``fuzz_harness.py``; the case generators are
 in ``fuzz_functional.py`` (the ops), ``fuzz_modules.py`` (``npattn.nn``) and ``fuzz_library.py``
-(optimisers, gradcheck, ``nn.init``); this file holds the table, the child and the tests.
+(optimisers, lr schedules, gradcheck, ``nn.init``, ``nn.utils``); this file holds the table,
+the child and the tests.
 
-``TABLE`` maps each public name (``npattn.__all__``, ``npattn.nn.__all__`` and the
-initialisers of ``nn.init``, the optimisers of ``npattn.optim``, the checks of
-``npattn.gradcheck``) to a case generator. A case is one call (or, for a module, a constructor,
-``backward`` before ``forward``, ``forward`` and ``backward``): valid arguments drawn by
+``TABLE`` maps each public name (``npattn.__all__``, ``npattn.nn.__all__``, the
+initialisers of ``nn.init``, ``nn.utils``' functions, the optimisers and learning-rate
+schedules of ``npattn.optim``, the checks of ``npattn.gradcheck``) to a case generator. A case
+is one call (or, for a module, a constructor, ``backward`` before ``forward``, ``forward`` and
+``backward``): valid arguments drawn by
 Hypothesis -- ranks and shapes with 0-size dims, float32/float64, every memory layout, NaN,
 ±inf and huge values -- of which 0, 1 or 2 are then replaced by a wrong one: an integer, bool,
 complex, float16, object or string dtype, the other float dtype, a mismatched or
@@ -101,6 +103,9 @@ FUNCTIONAL = {  # name -> (generator, its options); the callable is getattr(npat
     "layer_norm": (gen_layer_norm, dict(backward=False)),
     "layer_norm_forward": (gen_layer_norm, dict(backward=False)),
     "layer_norm_backward": (gen_layer_norm, dict(backward=True)),
+    "gelu": (gen_gelu, dict(backward=False)),
+    "gelu_forward": (gen_gelu, dict(backward=False)),
+    "gelu_backward": (gen_gelu, dict(backward=True)),
 }
 OTHERS = {  # name -> (generator, the class or function it exercises)
     "nn.Module": (gen_module_base, nn.Module),
@@ -113,6 +118,12 @@ OTHERS = {  # name -> (generator, the class or function it exercises)
     "nn.Embedding": (gen_embedding_module, nn.Embedding),
     "nn.PositionalEncoding": (gen_positional_encoding, nn.PositionalEncoding),
     "nn.LayerNorm": (gen_layer_norm_module, nn.LayerNorm),
+    "nn.GELU": (gen_gelu_module, nn.GELU),
+    "nn.ModuleList": (gen_module_list, nn.ModuleList),
+    "optim.LambdaLR": (gen_lr_scheduler, optim.LambdaLR),
+    "optim.LinearLR": (gen_lr_scheduler, optim.LinearLR),
+    "optim.CosineAnnealingLR": (gen_lr_scheduler, optim.CosineAnnealingLR),
+    "optim.SequentialLR": (gen_lr_scheduler, optim.SequentialLR),
     "optim.SGD": (gen_optimizer, optim.SGD),
     "optim.Adam": (gen_optimizer, optim.Adam),
     "optim.AdamW": (gen_optimizer, optim.AdamW),
@@ -120,12 +131,14 @@ OTHERS = {  # name -> (generator, the class or function it exercises)
     "gradcheck.gradcheck_module": (gen_gradcheck_module, gradcheck_module_.gradcheck_module),
 }
 _INIT = Target(gen_init, nn.init)
+_CLIP = Target(gen_clip_grad_norm, nn.utils.clip_grad_norm_)
 #: public name -> the Target that fuzzes it (nn.init's functions share one: each case draws
 #: which function it calls)
 TABLE = {**{name: Target(gen, getattr(npattn, name), **kw)
             for name, (gen, kw) in FUNCTIONAL.items()},
          **{name: Target(gen, fn) for name, (gen, fn) in OTHERS.items()},
-         "nn.init": _INIT, **{f"nn.init.{name}": _INIT for name in INIT_FUNCTIONS}}
+         "nn.init": _INIT, **{f"nn.init.{name}": _INIT for name in INIT_FUNCTIONS},
+         "nn.utils": _CLIP, "nn.utils.clip_grad_norm_": _CLIP}
 
 
 def public_names():
@@ -138,9 +151,10 @@ def public_names():
                nn.init.__name__}
     assert defined <= set(nn.init.__all__), f"nn.init defines {defined - set(nn.init.__all__)} " \
         "outside its __all__"
+    names |= {f"nn.utils.{n}" for n in nn.utils.__all__}
     names |= {f"optim.{n}" for n, v in vars(optim).items()
-              if isinstance(v, type) and issubclass(v, optim.Optimizer)
-              and v is not optim.Optimizer}
+              if isinstance(v, type) and issubclass(v, (optim.Optimizer, optim.LRScheduler))
+              and v not in (optim.Optimizer, optim.LRScheduler)}
     names |= {f"gradcheck.{n}" for n, v in vars(gradcheck_module_).items()
               if callable(v) and not isinstance(v, type) and not n.startswith("_")
               and getattr(v, "__module__", "") == gradcheck_module_.__name__}

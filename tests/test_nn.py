@@ -1,7 +1,7 @@
-"""npattn.nn: Linear, Dropout, SelfAttention, Embedding, PositionalEncoding, LayerNorm and the
+"""npattn.nn: Linear, Dropout, SelfAttention, Embedding, PositionalEncoding, LayerNorm, GELU and the
 initialisers, against torch.nn (in float64, on the same float32-representable values and
 parameters), float64 NumPy textbooks and central differences; and the Module bookkeeping
-(state_dict, load errors, train/eval, zero_grad, accumulation, Sequential).
+(state_dict, load errors, train/eval, zero_grad, accumulation, Sequential, ModuleList).
 
 Tolerances follow closeness.py: n counts the terms each result sums and ``scale`` is the same
 formula run on magnitudes (|x|, |W|, |dout|), times the softmax's amplification
@@ -695,7 +695,8 @@ def test_reassigning_a_buffer_keeps_it_a_buffer():
 
 @pytest.mark.parametrize("module", [
     nn.Linear(2, 3), nn.Dropout(), nn.SelfAttention(2, 2), nn.MultiheadAttention(2, 1),
-    nn.Embedding(3, 2), nn.PositionalEncoding(2, 4), nn.LayerNorm(2)], ids=lambda m: type(m).__name__)
+    nn.Embedding(3, 2), nn.PositionalEncoding(2, 4), nn.LayerNorm(2), nn.GELU()],
+    ids=lambda m: type(m).__name__)
 def test_backward_before_forward_is_a_runtime_error(module):
     with pytest.raises(RuntimeError, match=f"{type(module).__name__}.backward was called before "
                                            "forward"):
@@ -727,6 +728,11 @@ def test_backward_before_forward_is_a_runtime_error(module):
     (lambda: nn.LayerNorm(4, eps=-1e-5), ValueError, ["eps", ">= 0"]),
     (lambda: nn.LayerNorm(4, eps="small"), TypeError, ["eps", "str"]),
     (lambda: nn.LayerNorm(4, elementwise_affine=None), TypeError, ["elementwise_affine"]),
+    (lambda: nn.GELU("exact"), ValueError, ["approximate", "('none', 'tanh')", "'exact'"]),
+    (lambda: nn.GELU(None), ValueError, ["approximate", "None"]),
+    (lambda: nn.ModuleList([nn.Linear(2, 2), 3]), TypeError, ["modules[1]", "Module", "int"]),
+    (lambda: nn.ModuleList(nn.Linear(2, 2)), TypeError, ["modules", "iterable", "Linear"]),
+    (lambda: nn.ModuleList(5), TypeError, ["modules", "iterable", "int"]),
 ])
 def test_constructors_reject_bad_arguments(make, error, words):
     with pytest.raises(error) as info:
@@ -755,6 +761,7 @@ F32 = np.ones((2, 3, 4), np.float32)
     (nn.PositionalEncoding(4, 8), (F32[0, 0],), {}, ValueError, ["x", "(B, L, 4)", "(4,)"]),
     (nn.LayerNorm(5), (F32,), {}, ValueError, ["x", "(..., 5)", "(2, 3, 4)"]),
     (nn.LayerNorm(4), (F32.astype(np.float64),), {}, TypeError, ["x", "float32", "float64"]),
+    (nn.GELU(), (np.ones(3, np.int32),), {}, TypeError, ["x", "int32"]),
 ], ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else None)
 def test_forward_rejects_bad_arguments(module, args, kwargs, error, words):
     with pytest.raises(error) as info:
@@ -769,6 +776,7 @@ def test_forward_rejects_bad_arguments(module, args, kwargs, error, words):
     (nn.SelfAttention(4, 2), F32, F32, ["dout", "(2, 3, 2)", "(2, 3, 4)"]),
     (nn.Embedding(5, 4), np.array([[1, 2, 3]]), F32, ["dout", "(1, 3, 4)", "(2, 3, 4)"]),
     (nn.LayerNorm(4), F32, F32[0], ["dout", "(2, 3, 4)", "(3, 4)"]),
+    (nn.GELU(), F32, F32[0], ["dout", "(2, 3, 4)", "(3, 4)"]),
 ], ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else None)
 def test_backward_rejects_a_mismatched_dout(module, x, bad, words):
     module(x)
@@ -793,3 +801,188 @@ def test_subpackages_are_attributes_after_import_npattn_and_load_only_when_used(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out == ["[]", "Linear SGD True", "module 'npattn' has no attribute 'no_such_thing'"]
+
+
+
+# ================================================================== GELU
+
+@given(dtype=dtypes, shape=shapes(max_ndim=3, max_dim=5), approximate=st.sampled_from(
+    ["none", "tanh"]), seed=st.integers(0, 2**32 - 1), layout=layouts)
+def test_gelu_module_matches_torch(torch, dtype, shape, approximate, seed, layout):
+    rng = np.random.default_rng(seed)
+    x = lay_out(make_values(rng, shape, dtype, "wide"), layout, rng)
+    dout = make_values(rng, shape, dtype)
+    m = nn.GELU(approximate)
+    tm = torch.nn.GELU(approximate)
+    assert m.parameters() == [] and list(m.state_dict()) == list(tm.state_dict()) == []
+    assert repr(m) == repr(tm)
+    tx = torch.tensor(f64(x)[0], requires_grad=True)
+    ty = tm(tx)
+    ty.backward(torch.tensor(f64(dout)[0]))
+    y = m(x)
+    dx = m.backward(dout)
+    x64, d64 = abs64(x, dout)
+    assert_close(y, ty.detach().numpy(), dtype=dtype, n=2, scale=x64)
+    assert_close(dx, tx.grad.numpy(), dtype=dtype, n=4, scale=d64 * (1 + x64))
+    # exactly the functional pair, on forward's x
+    np.testing.assert_array_equal(y, __import__("npattn").gelu(x, approximate))
+    np.testing.assert_array_equal(dx, __import__("npattn").gelu_backward(dout, x, approximate))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_module_gradients_match_central_differences(approximate):
+    rng = np.random.default_rng(1)
+    report = gradcheck_module(nn.GELU(approximate), (rng.standard_normal((3, 4)) * 2,),
+                              atol=1e-8, rtol=1e-6)
+    assert report.ok, report
+
+
+def test_gelu_module_backward_pairs_with_the_last_forward():
+    m = nn.GELU()
+    a, b = np.linspace(-3, 3, 6), np.linspace(2, -4, 6)
+    m(a)
+    m(b)
+    np.testing.assert_array_equal(m.backward(np.ones(6)),
+                                  __import__("npattn").gelu_backward(np.ones(6), b))
+
+
+# ================================================================== ModuleList
+
+class TorchStyleBlock(nn.Module):
+    """A GPT block's names: ln_1, attn.c_attn, ln_2, mlp.c_fc, mlp.gelu, mlp.c_proj."""
+
+    def __init__(self, width, rng, lib=nn, **kw):
+        super().__init__() if lib is nn else None
+        self.ln_1 = lib.LayerNorm(width, **kw)
+        self.mlp = lib.Sequential(lib.Linear(width, 4 * width, **rng), lib.GELU("tanh"),
+                                  lib.Linear(4 * width, width, **rng))
+        self.ln_2 = lib.LayerNorm(width, **kw)
+
+
+def gpt_like(width=3, layers=2, dtype=np.float64):
+    """A model whose names are GPT-2's: h.0.ln_1.weight, ..., ln_f.bias."""
+    model = nn.Module()
+    model.h = nn.ModuleList([TorchStyleBlock(width, dict(rng=i, dtype=dtype), dtype=dtype)
+                             for i in range(layers)])
+    model.ln_f = nn.LayerNorm(width, dtype=dtype)
+    return model
+
+
+def test_module_list_names_parameters_as_pytorch(torch):
+    """The same structure in PyTorch gives the same keys, in the same order, and a PyTorch
+    state_dict (as NumPy arrays) loads and comes back bitwise."""
+    ours = gpt_like()
+
+    class TorchBlock(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.ln_1 = torch.nn.LayerNorm(width)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU("tanh"),
+                                           torch.nn.Linear(4 * width, width))
+            self.ln_2 = torch.nn.LayerNorm(width)
+
+    theirs = torch.nn.Module()
+    theirs.h = torch.nn.ModuleList([TorchBlock(3) for _ in range(2)])
+    theirs.ln_f = torch.nn.LayerNorm(3)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert list(ours.state_dict())[:3] == ["h.0.ln_1.weight", "h.0.ln_1.bias", "h.0.mlp.0.weight"]
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    assert [n for n, _ in ours.named_modules()] == [n for n, _ in theirs.named_modules()]
+    state = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
+    assert ours.load_state_dict(state) == ([], [])
+    for k, v in ours.state_dict().items():
+        np.testing.assert_array_equal(v, state[k])
+    assert repr(ours.h).startswith("ModuleList(\n  (0): TorchStyleBlock(")
+
+
+def test_module_list_is_a_list():
+    blocks = [nn.Linear(2, 2, rng=i, dtype=np.float64) for i in range(5)]
+    ml = nn.ModuleList(blocks[:3])
+    assert len(ml) == 3 and list(ml) == blocks[:3]
+    assert ml[0] is blocks[0] and ml[-1] is blocks[2] and ml[np.int64(1)] is blocks[1]
+    part = ml[1:]
+    assert isinstance(part, nn.ModuleList) and list(part) == blocks[1:3]
+    assert list(part.state_dict()) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert ml.append(blocks[3]) is ml and ml[3] is blocks[3]
+    ml.extend([blocks[4]])
+    assert list(ml) == blocks and list(ml._modules) == ["0", "1", "2", "3", "4"]
+    del ml[1]                                    # the later ones are renumbered, as PyTorch
+    assert list(ml) == [blocks[0]] + blocks[2:]
+    assert list(ml._modules) == ["0", "1", "2", "3"] and not hasattr(ml, "4")
+    assert getattr(ml, "1") is blocks[2]
+    ml.insert(1, blocks[1])
+    assert list(ml) == blocks
+    ml.insert(100, nn.GELU())                    # as list.insert: clamped to the end
+    assert isinstance(ml[5], nn.GELU)
+    assert isinstance(ml.pop(), nn.GELU) and len(ml) == 5
+    assert ml.pop(0) is blocks[0] and list(ml) == blocks[1:]
+    ml[0] = blocks[0]
+    assert ml[0] is blocks[0] and blocks[1] not in list(ml)
+    del ml[1:3]
+    assert list(ml) == [blocks[0], blocks[4]]
+    ml += nn.ModuleList([blocks[2]])
+    both = ml + nn.ModuleList([blocks[3]])
+    assert list(both) == [blocks[0], blocks[4], blocks[2], blocks[3]] and len(ml) == 3
+    assert list(nn.ModuleList()) == [] and len(nn.ModuleList(None)) == 0
+    assert list(nn.ModuleList(nn.Sequential(*blocks[:2]))) == blocks[:2]   # its children
+    assert list(nn.ModuleList(b for b in blocks[:2])) == blocks[:2]       # any iterable
+
+
+def test_module_list_errors():
+    ml = nn.ModuleList([nn.GELU(), nn.GELU()])
+    for bad in (2, -3):
+        with pytest.raises(IndexError, match=f"index {bad} is out of range for a ModuleList "
+                                             "of 2 modules"):
+            ml[bad]
+    with pytest.raises(TypeError, match="index must be an int or a slice; got str"):
+        ml["0"]
+    with pytest.raises(TypeError, match="index must be an int or a slice; got bool"):
+        ml[True]
+    with pytest.raises(TypeError, match="module must be a Module; got ufunc"):
+        ml.append(np.tanh)
+    with pytest.raises(TypeError, match="module must be a Module; got int"):
+        ml[0] = 3
+    with pytest.raises(TypeError, match=r"modules\[1\] must be a Module; got str"):
+        ml.extend([nn.GELU(), "GELU"])
+    assert len(ml) == 2                          # nothing of a refused extend was added
+    with pytest.raises(TypeError, match="index must be an int; got float"):
+        ml.insert(1.0, nn.GELU())
+    with pytest.raises(NotImplementedError, match="ModuleList has no forward"):
+        ml(np.ones(2))
+    with pytest.raises(NotImplementedError, match="ModuleList has no backward"):
+        ml.backward(np.ones(2))
+
+
+def test_module_list_reaches_train_eval_to_zero_grad_and_gradients_flow():
+    """The container's children are ordinary submodules: train/eval, to, zero_grad reach them,
+    and a model that loops over the list trains (its backward loops in reverse)."""
+    model = gpt_like(dtype=np.float32)
+    model.eval()
+    assert not any(m.training for _, m in model.named_modules())
+    model.to(np.float64)
+    assert all(p.data.dtype == np.float64 for p in model.parameters())
+
+    class Loop(nn.Module):
+        def __init__(self, blocks):
+            super().__init__()
+            self.blocks = blocks
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+        def backward(self, dout):
+            for block in reversed(list(self.blocks)):
+                dout = block.backward(dout)
+            return dout
+
+    rng = np.random.default_rng(0)
+    blocks = nn.ModuleList([nn.Linear(3, 3, rng=i, dtype=np.float64) for i in range(2)])
+    blocks.insert(1, nn.GELU())
+    loop = Loop(blocks)
+    assert [n for n, _ in loop.named_parameters()] == ["blocks.0.weight", "blocks.0.bias",
+                                                      "blocks.2.weight", "blocks.2.bias"]
+    assert gradcheck_module(loop, (rng.standard_normal((4, 3)),), atol=1e-7, rtol=1e-5).ok
+    loop.zero_grad()
+    assert not any(p.grad.any() for p in loop.parameters())

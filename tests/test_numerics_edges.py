@@ -1,5 +1,5 @@
 """Numerics at the edges: what softmax, log_softmax, cross_entropy, attention (forward and
-backward) and layer_norm give for logits of ±1e30, rows whose every entry is -inf, rows with a
+backward), layer_norm and gelu give for logits of ±1e30, rows whose every entry is -inf, rows with a
 single finite entry, denormal inputs, float32 values whose float32 sum would overflow, and NaN.
 
 Each test checks the result the op's docstring states ("Edge cases"): exactly where it is exact
@@ -17,6 +17,7 @@ from npattn.functional.attention import (LSE_EXACT, attention, attention_backwar
                                          scaled_dot_product_attention_backward,
                                          scaled_dot_product_attention_forward)
 from npattn.functional.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npattn.functional.gelu import gelu_backward, gelu_forward
 from npattn.functional.layer_norm import layer_norm_backward, layer_norm_forward
 from npattn.functional.softmax import (log_softmax_backward, log_softmax_forward,
                                        softmax_backward, softmax_forward)
@@ -635,3 +636,56 @@ def test_layer_norm_of_a_constant_sample_with_eps_0_is_nan(dtype):
     assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1]))
     bias = np.array([0.5, -1.0, 3.0], dtype)
     assert np.array_equal(layer_norm_forward(x[:1], 3, bias=bias), bias[None])
+
+
+# ------------------------------------------------------------------ gelu
+
+approximations = st.sampled_from(["none", "tanh"])
+
+
+@given(dtype=dtypes, approximate=approximations, seed=seeds,
+       size=st.sampled_from([1e30, 1e20, 1e5, 100.0]))
+def test_gelu_of_huge_values_is_x_or_minus_zero(dtype, approximate, seed, size):
+    """|x| of 1e30 (x³ overflows float32 and u with it; x² too): GELU is x for x > 0 and −0
+    for x < 0, the slope 1 or 0 -- exactly, no NaN, in both dtypes and both forms."""
+    rng = np.random.default_rng(seed)
+    x = (rng.uniform(0.5, 1.0, 20) * size * rng.choice([-1.0, 1.0], 20)).astype(dtype)
+    y = gelu_forward(x, approximate)
+    assert np.array_equal(y, np.where(x > 0, x, np.array(-0.0, dtype)))
+    assert np.all(np.signbit(y[x < 0]))
+    dout = rng.standard_normal(20).astype(dtype)
+    assert np.array_equal(gelu_backward(dout, x, approximate), np.where(x > 0, dout, 0 * dout))
+
+
+@given(dtype=dtypes, approximate=approximations, n=st.integers(1, 50), seed=seeds,
+       poison=st.sampled_from([np.nan, np.inf, -np.inf]))
+def test_gelu_nan_and_inf_reach_exactly_their_element(dtype, approximate, n, seed, poison):
+    """An elementwise op: a NaN gives NaN, +inf gives +inf (slope 1), −inf gives −0 (slope
+    0), the limits; every other element is bitwise what it was without the poison."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(dtype)
+    bad = rng.random(n) < 0.3
+    dirty = np.where(bad, np.array(poison, dtype), x)
+    dout = rng.standard_normal(n).astype(dtype)
+    y, dx = gelu_forward(dirty, approximate), gelu_backward(dout, dirty, approximate)
+    assert np.array_equal(y[~bad], gelu_forward(x, approximate)[~bad])
+    assert np.array_equal(dx[~bad], gelu_backward(dout, x, approximate)[~bad])
+    if np.isnan(poison):
+        assert np.all(np.isnan(y[bad])) and np.all(np.isnan(dx[bad]))
+    elif poison > 0:
+        assert np.all(y[bad] == np.inf) and np.array_equal(dx[bad], dout[bad])
+    else:
+        assert np.all(y[bad] == 0) and np.all(np.signbit(y[bad]))
+        assert np.array_equal(dx[bad], 0 * dout[bad])
+
+
+@given(dtype=dtypes, approximate=approximations, seed=seeds)
+def test_gelu_of_denormals_is_half_x(dtype, approximate, seed):
+    """Near 0, GELU(x) = x/2 + O(x²) and its slope 1/2: subnormal inputs give x/2 (as the
+    reference, which rounds the same way) and the slope 1/2, no flush to zero of the result."""
+    rng = np.random.default_rng(seed)
+    x = (rng.uniform(-1, 1, 30) * DENORMAL[np.dtype(dtype)]).astype(dtype)
+    y = gelu_forward(x, approximate)
+    assert_close(y, reference.gelu_forward(f64(x)[0], approximate), dtype=dtype, scale=0.0)
+    assert np.array_equal(np.signbit(y), np.signbit(x))
+    assert np.all(gelu_backward(np.ones_like(x), x, approximate) == 0.5)

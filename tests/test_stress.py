@@ -139,6 +139,10 @@ def make_calls(rng, scale=0, dtype=np.float32):
         xl, gl, bl = normal((6 + s, 5, 32)), normal(32), normal(32)
         calls["layer_norm"] = lambda: (npattn.layer_norm(xl, (32,), gl, bl),
                                        *npattn.layer_norm_backward(xl, xl, (32,), gl, bl))
+    if hasattr(npattn, "gelu"):
+        xg = normal((5, 900 + s))                  # more than one prange block (4096)
+        calls["gelu"] = lambda: (npattn.gelu(xg), npattn.gelu_backward(xg, xg),
+                                 npattn.gelu(xg, "tanh"), npattn.gelu_backward(xg, xg, "tanh"))
     return calls
 
 

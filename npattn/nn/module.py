@@ -11,6 +11,7 @@ Names follow PyTorch: a parameter's name is the attribute path that reaches it
 (``out_proj.weight``), so ``state_dict()`` keys are PyTorch's keys and a PyTorch
 ``state_dict`` converted to NumPy arrays loads with ``load_state_dict``.
 """
+import numbers
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -262,3 +263,125 @@ class Sequential(Module):
         for module in reversed(list(self)):
             dout = module.backward(dout)
         return dout
+
+
+class ModuleList(Module):
+    """Modules held in a list, as ``torch.nn.ModuleList``: registered under the names "0",
+    "1", ... so that their parameters are named ``h.0.ln_1.weight`` (a GPT's blocks), in
+    ``named_parameters()``, ``state_dict()`` and ``load_state_dict()`` -- PyTorch's keys.
+
+    Shapes: none (a container)
+
+    It indexes (an int, negative counting from the end, or a slice, which gives a ModuleList
+    of those modules), assigns and deletes by index (the later modules are renumbered, as
+    PyTorch does), and has ``len``, iteration, ``append``, ``extend``, ``insert``, ``pop``,
+    ``+`` and ``+=``. An index out of range is an IndexError, as for a list. Like PyTorch's it
+    has no ``forward`` -- the model calls its modules (``for block in self.h: x = block(x)``)
+    -- and so no ``backward``: the model runs its modules' backward in reverse order.
+    """
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.extend(modules, name="modules")
+
+    # ------------------------------------------------------------ the list
+    @staticmethod
+    def _module(name, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"{name} must be a Module; got {type(module).__name__}")
+        return module
+
+    def _index(self, idx, name="index"):
+        """An int index in [-len, len) as one in [0, len)."""
+        if isinstance(idx, (bool, np.bool_)) or not isinstance(idx, numbers.Integral):
+            raise TypeError(f"{name} must be an int or a slice; got {type(idx).__name__}")
+        n = len(self)
+        if not -n <= idx < n:
+            raise IndexError(f"{name} {idx} is out of range for a ModuleList of {n} modules")
+        return int(idx) % n
+
+    def _renumber(self, modules):
+        """Hold exactly ``modules``, named "0", "1", ... (after a deletion or insertion)."""
+        for key in list(self._modules):
+            delattr(self, key)
+        for i, module in enumerate(modules):
+            setattr(self, str(i), module)
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules.values()))
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return type(self)(list(self._modules.values())[idx])
+        return self._modules[str(self._index(idx))]
+
+    def __setitem__(self, idx, module):
+        key = str(self._index(idx))
+        self._modules[key] = self._module("module", module)   # in place: the order stays
+        object.__setattr__(self, key, module)
+
+    def __delitem__(self, idx):
+        modules = list(self._modules.values())
+        if isinstance(idx, slice):
+            del modules[idx]
+        else:
+            del modules[self._index(idx)]
+        self._renumber(modules)
+
+    def append(self, module):
+        """Add ``module`` at the end (its name: the old length); returns self."""
+        setattr(self, str(len(self)), self._module("module", module))
+        return self
+
+    def extend(self, modules, name="modules"):
+        """Append every module of the iterable ``modules``; returns self."""
+        if isinstance(modules, Module) and not isinstance(modules, (ModuleList, Sequential)):
+            raise TypeError(f"{name} must be an iterable of Modules; got a single "
+                            f"{type(modules).__name__}")
+        try:
+            items = list(modules)
+        except TypeError:
+            raise TypeError(f"{name} must be an iterable of Modules; got "
+                            f"{type(modules).__name__}") from None
+        for i, module in enumerate(items):          # every entry checked before any is added
+            self._module(f"{name}[{i}]", module)
+        for module in items:
+            self.append(module)
+        return self
+
+    def insert(self, index, module):
+        """Insert ``module`` before position ``index`` (as ``list.insert``: clamped to the
+        ends); the modules from there on are renumbered."""
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
+            raise TypeError(f"index must be an int; got {type(index).__name__}")
+        modules = list(self._modules.values())
+        modules.insert(int(index), self._module("module", module))
+        self._renumber(modules)
+
+    def pop(self, index=-1):
+        """Remove and return the module at ``index`` (the last by default)."""
+        module = self[index]
+        del self[index]
+        return module
+
+    def __iadd__(self, modules):
+        return self.extend(modules)
+
+    def __add__(self, other):
+        if not isinstance(other, ModuleList):
+            return NotImplemented
+        return ModuleList(list(self) + list(other))
+
+    # ------------------------------------------------------------ running
+    def forward(self, *inputs, **kwargs):
+        raise NotImplementedError("ModuleList has no forward, as in PyTorch: it is a container; "
+                                  "call its modules (for block in blocks: x = block(x))")
+
+    def backward(self, dout):
+        raise NotImplementedError("ModuleList has no backward: it is a container; call its "
+                                  "modules' backward in reverse order (for block in "
+                                  "reversed(blocks): dout = block.backward(dout))")

@@ -197,6 +197,14 @@ def _layer_norm(dtype, rng):
         backward(np.ones_like(y), x, *args)
 
 
+def _gelu(dtype, rng):
+    forward, backward = _op("gelu", "gelu"), _op("gelu_backward", "gelu")
+    x = rng.standard_normal((3, 5)).astype(dtype)
+    for approximate in ("none", "tanh"):       # one kernel each way: a flag, not a signature
+        y = forward(x, approximate)
+        backward(y, x, approximate)
+
+
 #: (name shown, the op it needs, its module in npattn.functional, the step), dearest first: a
 #: parallel warm-up hands them out in this order.
 STEPS = [("scaled_dot_product_attention", "scaled_dot_product_attention", "attention",
@@ -209,6 +217,7 @@ STEPS = [("scaled_dot_product_attention", "scaled_dot_product_attention", "atten
          ("layer_norm", "layer_norm", "layer_norm", _layer_norm),
          ("cross_entropy", "cross_entropy", "cross_entropy", _cross_entropy),
          ("dropout", "dropout", "dropout", _dropout),
+         ("gelu", "gelu", "gelu", _gelu),
          ("embedding", "embedding", "embedding", _embedding),
          ("attention", "attention", "attention", _attention)]       # (with the first: SHARED)
 
