@@ -457,7 +457,8 @@ def gelu(h):
 
 def gelu_slope(h):
     """gelu'(h) = Φ(h) + h·φ(h) (section 13)."""
-    return 0.5 * (1.0 + _erf(h / math.sqrt(2.0))) + h * np.exp(-0.5 * h * h) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1.0 + _erf(h / math.sqrt(2.0)))
+    return cdf + h * np.exp(-0.5 * h * h) / math.sqrt(2 * math.pi)
 
 
 def gpt_split(x, heads):
