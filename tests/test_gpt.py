@@ -304,6 +304,27 @@ def test_same_seed_same_bits_in_training():
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
+def test_same_bits_at_any_thread_count():
+    """Logits, loss, every gradient (dropout on) and seeded sampling: the same bits with 1
+    thread as with all of them."""
+    numba = pytest.importorskip("numba")
+    cfg = GPTConfig(block_size=8, vocab_size=37, n_layer=2, n_head=3, n_embd=24, dropout=0.1)
+    idx, targets = batch(np.random.default_rng(17), cfg, 3, 8)
+    runs, threads = [], numba.get_num_threads()
+    try:
+        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(n)
+            model = GPT(cfg, rng=7, seed=8)
+            logits, loss = model(idx, targets)
+            model.backward()
+            runs.append([logits, loss] + [p.grad for p in model.parameters()]
+                        + [model.generate(idx[:, :3], 9, top_k=5, seed=9)])
+    finally:
+        numba.set_num_threads(threads)
+    for a, b in zip(runs[0], runs[-1]):
+        np.testing.assert_array_equal(a, b)
+
+
 # ------------------------------------------------------------------ parameters and state
 
 def test_names_init_and_tying():
