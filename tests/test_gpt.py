@@ -472,6 +472,10 @@ def test_sampling_is_seeded_and_respects_top_k():
         assert all(top3[r, step] in allowed[r] for r in range(top3.shape[0])), step
     picks = model.generate(np.zeros((200, 1), np.int64), 1, seed=24)[:, 1]
     assert len(set(picks.tolist())) > 3                     # temperature 1: not greedy
+    greedy = model.generate(idx, 4, top_k=1)
+    np.testing.assert_array_equal(model.generate(idx, 4, temperature=5e-324, seed=25), greedy)
+    flat = model.generate(np.zeros((400, 1), np.int64), 1, temperature=1e300, seed=26)[:, 1]
+    assert len(set(flat.tolist())) > 30                     # uniform over the 37 tokens
 
 
 def test_generate_keeps_the_mode_and_what_backward_needs():

@@ -387,12 +387,15 @@ class GPT(Module):
     def _sample(logits, temperature, top_k, rng):
         """One token id per row (B,) from softmax(logits / temperature) restricted to the
         top_k largest logits (ties at the k-th included, as nanoGPT's filter), in float64."""
-        z = logits.astype(np.float64) / temperature                 # (B, V)
+        z = logits.astype(np.float64)                               # (B, V)
+        # the row max subtracted before dividing: z <= 0 with the max exactly 0, so that no
+        # temperature overflows (softmax and the top_k order do not change)
+        z = (z - z.max(axis=-1, keepdims=True)) / temperature
         n = z.shape[-1]
         if top_k is not None and top_k < n:
             kth = np.partition(z, n - top_k, axis=-1)[:, n - top_k:n - top_k + 1]   # (B, 1)
             z = np.where(z < kth, -np.inf, z)
-        p = np.exp(z - z.max(axis=-1, keepdims=True))               # unnormalised, max 1
+        p = np.exp(z)                                               # unnormalised, max 1
         cdf = np.cumsum(p, axis=-1)                                 # (B, V)
         u = rng.random(z.shape[0]) * cdf[:, -1]                     # (B,) uniform in [0, Σp)
         choice = np.count_nonzero(cdf <= u[:, None], axis=-1)       # first cdf above u
