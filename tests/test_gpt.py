@@ -17,8 +17,6 @@ from hypothesis import given, settings, strategies as st
 from npattn import optim
 from npattn.models import GPT, GPTConfig
 
-pytestmark = pytest.mark.kernel         # GEMM and attention kernels run underneath
-
 F64 = 1e-10                             # float64: relative to the array's largest entry
 F32_FACTOR, F32_FLOOR = 8.0, 2e-6       # float32: <= 8x PyTorch's float32 error (+ a floor)
 SMALL = GPTConfig(block_size=8, vocab_size=37, n_layer=2, n_head=3, n_embd=24)
