@@ -390,7 +390,8 @@ class GPT(Module):
         z = logits.astype(np.float64)                               # (B, V)
         # the row max subtracted before dividing: z <= 0 with the max exactly 0, so that no
         # temperature overflows (softmax and the top_k order do not change)
-        z = (z - z.max(axis=-1, keepdims=True)) / temperature
+        with np.errstate(over="ignore"):                            # -inf: probability 0
+            z = (z - z.max(axis=-1, keepdims=True)) / temperature
         n = z.shape[-1]
         if top_k is not None and top_k < n:
             kth = np.partition(z, n - top_k, axis=-1)[:, n - top_k:n - top_k + 1]   # (B, 1)
