@@ -95,8 +95,8 @@ def read_text(path):
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as error:
-        raise UsageError(f"argument --data: cannot read {path!r}: "
-                         f"{error.strerror or error}") from None
+        raise UsageError(f"argument --data: must be a readable text file; got {path!r} "
+                         f"({error.strerror or error})") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -257,7 +257,8 @@ def load_checkpoint(path, argument="--checkpoint"):
     try:
         archive = np.load(path, allow_pickle=False)
     except OSError as error:
-        raise UsageError(f"{where}: cannot read it: {error.strerror or error}") from None
+        raise UsageError(f"argument {argument}: must be a readable file; got {path!r} "
+                         f"({error.strerror or error})") from None
     except (ValueError, zipfile.BadZipFile, EOFError) as error:
         raise UsageError(f"{where} must be an .npz checkpoint of npattn gpt train; got a file "
                          f"NumPy cannot load ({error})") from None
@@ -287,9 +288,9 @@ def load_checkpoint(path, argument="--checkpoint"):
         missing = sorted(set(expected) - set(weights))
         unexpected = sorted(set(weights) - set(expected))
         if missing or unexpected:
-            raise UsageError(f"{where} does not match its config ({config.n_layer} layers, "
-                             f"n_embd {config.n_embd}): missing keys {missing}, unexpected keys "
-                             f"{unexpected}")
+            raise UsageError(f"{where} must hold the arrays of its config ({config.n_layer} "
+                             f"layer(s), n_embd {config.n_embd}); got missing keys {missing}, "
+                             f"unexpected keys {unexpected}")
         state = {}
         for name in expected:
             array = archive[name]
@@ -300,7 +301,7 @@ def load_checkpoint(path, argument="--checkpoint"):
     try:
         model.load_state_dict(state)
     except ValueError as error:                      # e.g. the two tied names differ
-        raise UsageError(f"{where}: {error}") from None
+        raise UsageError(f"{where}: {error}") from None      # (its own "; got ...")
     model.eval()
     return model, vocab, meta
 
