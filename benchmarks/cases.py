@@ -42,6 +42,7 @@ class Bench:
     # made first (it compiles, loads caches), so that only the case's own call is counted.
     rss_warmup: tuple = None
     operand_bytes: int = None        # bytes of the operands and result (e.g. q, k, v, output)
+    tokens: int = None               # tokens one call processes (gpt): the table adds tokens/s
 
 
 @dataclass

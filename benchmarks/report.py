@@ -21,13 +21,15 @@ def fmt_rate(gflops):
     return f"{gflops:.3g}" if gflops < 100 else f"{gflops:.0f}"
 
 
-def cell(result, flops):
-    """``1.23 ms ±2% · 456 GF/s``: median, half the interquartile range, GFLOP/s."""
+def cell(result, flops, tokens=None):
+    """``1.23 ms ±2% · 456 GF/s``: median, half the interquartile range, GFLOP/s (and
+    ``· 7,890 tok/s`` for a case that processes ``tokens`` tokens per call)."""
     if result is None:
         return "—"
     spread = (result["q3"] - result["q1"]) / 2 / result["median"] * 100
+    rate = "" if not tokens else f" · {tokens / result['median']:,.0f} tok/s"
     return (f"{fmt_time(result['median'])} ±{spread:.0f}% · "
-            f"{fmt_rate(flops / result['median'] / 1e9)} GF/s")
+            f"{fmt_rate(flops / result['median'] / 1e9)} GF/s{rate}")
 
 
 def speedup(case, peer):
@@ -64,7 +66,8 @@ def table(cases):
             label += " †"
             busy = True
         skipped = case.get("skipped", {})
-        cells = ["skipped" if name in skipped else cell(case["results"].get(name), case["flops"])
+        cells = ["skipped" if name in skipped else cell(case["results"].get(name), case["flops"],
+                                                               case.get("tokens"))
                  for name in IMPLEMENTATIONS]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {speedup(case, 'NumPy')} | "
                      f"{speedup(case, 'PyTorch')} | {memory(case)} |")

@@ -200,7 +200,7 @@ def _run(args, argv, changes):
     import platform
 
     from . import (bench_matmul, bench_linear, bench_softmax,  # noqa: F401  (they register,
-                   bench_attention)                               # in this order)
+                   bench_attention, bench_gpt)                    # in this order)
     from . import machine, memory, report, timing
     from .cases import CASES, IMPLEMENTATIONS
 
@@ -253,7 +253,8 @@ def _run(args, argv, changes):
             meter.wait_until_quiet(args.wait_idle, report.BUSY)
         print(f"{prefix}: warm-up", end="", flush=True)
         before = meter.sample()
-        record = {"op": op, "label": bench.label, "flops": bench.flops, "plot": bench.plot,
+        record = {"op": op, "label": bench.label, "flops": bench.flops, "tokens": bench.tokens,
+                  "plot": bench.plot,
                   "notes": bench.notes, "size": list(size), "results": {}, "skipped": skipped}
         def warmed(first):
             print(" " + ", ".join(f"{n} {report.fmt_time(s)}" for n, s in first.items()),
@@ -273,7 +274,8 @@ def _run(args, argv, changes):
             print(f"    {name:8} {report.fmt_time(result['median']):>9} median "
                   f"(IQR {report.fmt_time(result['q1'])}–{report.fmt_time(result['q3'])}, "
                   f"{result['rounds']} rounds × {result['repeats']}) {report.fmt_rate(rate):>6} "
-                  f"GFLOP/s", flush=True)
+                  f"GFLOP/s" + (f", {bench.tokens / result['median']:,.0f} tokens/s"
+                                if bench.tokens else ""), flush=True)
         if measure_rss and bench.rss_warmup is not None and bench.impls:
             print("    peak memory, each in a fresh process:", end="", flush=True)
             record["operand_bytes"] = bench.operand_bytes

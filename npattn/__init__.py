@@ -9,8 +9,9 @@ name as the forward::
     >>> npattn.linear(x, w_q).shape
     (2, 5, 64)
 
-``npattn.reference`` holds every formula in plain NumPy (the tests' oracle). Importing npattn
-compiles nothing: each kernel compiles on its first call and is cached on disk.
+``npattn.reference`` holds every formula in plain NumPy (the tests' oracle); ``npattn.models``
+holds whole models (``GPT``). Importing npattn compiles nothing: each kernel compiles on its
+first call and is cached on disk.
 """
 from . import reference
 from .functional.attention import (attention, attention_backward, attention_forward,
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 
 #: Subpackages reachable as attributes after ``import npattn`` (``npattn.nn.Linear``, as with
 #: ``torch.nn``), imported on first access (PEP 562) so that ``import npattn`` stays as fast.
-SUBMODULES = ("nn", "optim", "gradcheck")
+SUBMODULES = ("nn", "optim", "gradcheck", "models")
 
 
 def __getattr__(name):
@@ -46,7 +47,7 @@ def __dir__():
     return sorted(set(globals()) | set(SUBMODULES))
 
 __all__ = [
-    "__version__", "reference", "nn", "optim", "gradcheck",
+    "__version__", "reference", "nn", "optim", "gradcheck", "models",
     "linear", "linear_forward", "linear_backward",
     "matmul", "matmul_forward", "matmul_backward",
     "softmax", "softmax_forward", "softmax_backward",

@@ -548,3 +548,41 @@ def gelu_backward_args(dout, x, approximate):
     same_dtype("dout", dout, "x", x)
     exact_shape("dout", dout, x.shape, "to match x")
     return contiguous(dout), x, tanh_form
+
+
+# ---------------------------------------------------------------- models (npattn.models)
+
+def token_ids(name, value, vocab_size, block_size=None):
+    """``value`` as token ids (B, T): integers in [0, vocab_size), T >= 1 and, when
+    ``block_size`` is given, T <= block_size. Returns C-contiguous int64."""
+    ids = index_array(name, value, "an integer array of token ids (B, T)")
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, T) (a batch of token sequences); got "
+                         f"{ids.shape}")
+    if ids.shape[1] < 1:
+        raise ValueError(f"{name} must hold at least one token per sequence (T >= 1); got "
+                         f"shape {ids.shape}")
+    if block_size is not None and ids.shape[1] > block_size:
+        raise ValueError(f"{name} must have T <= block_size = {block_size} tokens (dim 1); "
+                         f"got {ids.shape[1]} in shape {ids.shape}")
+    indices_in_range(name, ids, vocab_size, f"(vocab_size = {vocab_size})")
+    return as_int64(ids)
+
+
+def token_targets(name, value, shape, vocab_size, ignore_index):
+    """Next-token targets of ``shape`` (B, T): integers in [0, vocab_size) or ``ignore_index``.
+    Returns C-contiguous int64."""
+    targets = index_array(name, value, "an integer array of token ids (B, T)")
+    exact_shape(name, targets, shape, "to match idx")
+    indices_in_range(name, targets, vocab_size,
+                     f"(vocab_size = {vocab_size}) or equal ignore_index = {ignore_index}",
+                     allowed=ignore_index)
+    return as_int64(targets)
+
+
+def positive_real(name, value):
+    """A finite real number > 0 (not a bool) as a float."""
+    value = real_float(name, value, "a real number > 0")
+    if not 0.0 < value < math.inf:                   # also rejects NaN
+        raise ValueError(f"{name} must be a finite real number > 0; got {value}")
+    return value

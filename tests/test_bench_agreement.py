@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import cases, timing
-from benchmarks import bench_attention, bench_linear, bench_matmul, bench_softmax  # noqa: F401 (register)
+from benchmarks import (bench_attention, bench_gpt, bench_linear, bench_matmul,  # noqa: F401
+                        bench_softmax)                                             # (register)
 
 try:
     import torch

@@ -11,7 +11,7 @@ import pathlib
 import re
 
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from npattn import reference
 
@@ -65,7 +65,7 @@ def test_every_functional_backward_is_derived():
 
 def test_sections_are_all_there():
     headings = re.findall(r"^## (\d+)\. ", doc_text(), flags=re.M)
-    assert headings == [str(i) for i in range(1, 14)], headings
+    assert headings == [str(i) for i in range(1, 15)], headings
 
 
 # ------------------------------------------------------------------------- helpers
@@ -473,3 +473,99 @@ def test_gelu_backward_formulas(seed, n, approximate):
     np.testing.assert_allclose(reference.gelu_backward(dout, x, approximate), dx, **TOL)
     loss = dot_with(dout, lambda x: reference.gelu_forward(x, approximate))
     np.testing.assert_allclose(dx, central_differences(loss, x.copy()), **FD_TOL)
+
+
+_erf = np.vectorize(math.erf)
+
+
+def gelu(h):
+    return 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))
+
+
+def gelu_slope(h):
+    """gelu'(h) = Φ(h) + h·φ(h) (section 14)."""
+    cdf = 0.5 * (1.0 + _erf(h / math.sqrt(2.0)))
+    return cdf + h * np.exp(-0.5 * h * h) / math.sqrt(2 * math.pi)
+
+
+def gpt_split(x, heads):
+    """(B, T, C) -> (B, nh, T, hs)."""
+    b, t, c = x.shape
+    return x.reshape(b, t, heads, c // heads).transpose(0, 2, 1, 3)
+
+
+def gpt_merge(x):
+    """(B, nh, T, hs) -> (B, T, C)."""
+    b, heads, t, hs = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, heads * hs)
+
+
+def gpt_forward(p, idx, targets, heads):
+    """Section 14's forward, one block, no dropout, from the textbook: (loss, what backward
+    needs)."""
+    r = reference
+    t, c, v = idx.shape[1], p["wte"].shape[1], p["wte"].shape[0]
+    ln = lambda x, name: r.layer_norm_forward(x, (c,), p[name + "w"], p[name + "b"])  # noqa: E731
+    x0 = r.embedding_forward(idx, p["wte"]) + p["wpe"][:t]                 # pos broadcast
+    a = ln(x0, "ln1")
+    qkv = r.linear_forward(a, p["attn_w"], p["attn_b"])                    # (B, T, 3C)
+    q, k, vv = (gpt_split(qkv[..., i * c:(i + 1) * c], heads) for i in range(3))
+    y, _ = r.scaled_dot_product_attention_forward(q, k, vv, is_causal=True)
+    x1 = x0 + r.linear_forward(gpt_merge(y), p["proj_w"], p["proj_b"])      # residual 1
+    m = ln(x1, "ln2")
+    h = r.linear_forward(m, p["fc_w"], p["fc_b"])
+    x2 = x1 + r.linear_forward(gelu(h), p["mp_w"], p["mp_b"])               # residual 2
+    z = ln(x2, "lnf")
+    logits = r.linear_forward(z, p["wte"])                                 # tied lm_head
+    loss = r.cross_entropy_forward(logits.reshape(-1, v), targets.reshape(-1), ignore_index=-1)
+    return float(loss), dict(x0=x0, a=a, q=q, k=k, v=vv, y=y, x1=x1, m=m, h=h, x2=x2, z=z,
+                             logits=logits)
+
+
+def gpt_backward(p, idx, targets, heads, s):
+    """Section 14's steps 1-6, as the document writes them: d wte, d wpe, d W_attn."""
+    r = reference
+    c, v = p["wte"].shape[1], p["wte"].shape[0]
+    ln_dx = lambda d, x, name: r.layer_norm_backward(d, x, (c,), p[name + "w"],   # noqa: E731
+                                                     p[name + "b"])[0]
+    dlogits = r.cross_entropy_backward(1.0, s["logits"].reshape(-1, v), targets.reshape(-1),
+                                       ignore_index=-1).reshape(s["logits"].shape)      # 1
+    dz, dwte_head, _ = r.linear_backward(dlogits, s["z"], p["wte"])                    # 2
+    dx2 = ln_dx(dz, s["x2"], "lnf")                                                    # 3
+    dg, _, _ = r.linear_backward(dx2, gelu(s["h"]), p["mp_w"], p["mp_b"])              # 4: mlp
+    dm, _, _ = r.linear_backward(dg * gelu_slope(s["h"]), s["m"], p["fc_w"], p["fc_b"])
+    dx1 = dx2 + ln_dx(dm, s["x1"], "ln2")                                  # residual: dx +
+    dmerged, _, _ = r.linear_backward(dx1, gpt_merge(s["y"]), p["proj_w"], p["proj_b"])
+    dq, dk, dv, _ = r.scaled_dot_product_attention_backward(
+        gpt_split(dmerged, heads), s["q"], s["k"], s["v"], is_causal=True)
+    dqkv = np.concatenate([gpt_merge(g) for g in (dq, dk, dv)], axis=-1)   # [dq dk dv]
+    da, dattn_w, _ = r.linear_backward(dqkv, s["a"], p["attn_w"], p["attn_b"])
+    dx0 = dx1 + ln_dx(da, s["x0"], "ln1")                                  # residual: dx +
+    dwte = dwte_head + r.embedding_backward(dx0, idx, p["wte"])            # 6: both uses
+    dwpe = np.zeros_like(p["wpe"])
+    dwpe[:idx.shape[1]] = dx0.sum(axis=0)                                  # sum over batch
+    return dict(wte=dwte, wpe=dwpe, attn_w=dattn_w)
+
+
+@settings(max_examples=5)
+@given(seed=seeds, b=st.integers(1, 2), t=st.integers(1, 3), heads=st.integers(1, 2))
+def test_gpt_backward_chain(seed, b, t, heads):
+    """Section 14: the chain through the tied lm_head, the residual streams, the split heads
+    and the position embedding (summed over the batch) against central differences."""
+    rng = np.random.default_rng(seed)
+    c, v, block = 2 * heads, 5, 4
+    shapes = dict(wte=(v, c), wpe=(block, c), attn_w=(3 * c, c), attn_b=(3 * c,),
+                  proj_w=(c, c), proj_b=(c,), fc_w=(4 * c, c), fc_b=(4 * c,), mp_w=(c, 4 * c),
+                  mp_b=(c,), **{f"{n}{k}": (c,) for n in ("ln1", "ln2", "lnf") for k in "wb"})
+    p = {name: 0.5 * rng.standard_normal(shape) for name, shape in shapes.items()}
+    for n in ("ln1", "ln2", "lnf"):
+        p[n + "w"] += 1.0
+    idx, targets = rng.integers(0, v, (b, t)), rng.integers(-1, v, (b, t))
+    targets[0, 0] = max(targets[0, 0], 0)                  # one counted target
+    loss, saved = gpt_forward(p, idx, targets, heads)
+    doc = gpt_backward(p, idx, targets, heads, saved)
+    for name, grad in doc.items():
+        def loss_of(w, name=name):
+            return gpt_forward(dict(p, **{name: w}), idx, targets, heads)[0]
+        np.testing.assert_allclose(grad, central_differences(loss_of, p[name].copy()),
+                                   **FD_TOL, err_msg=name)

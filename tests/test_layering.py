@@ -23,6 +23,8 @@ ALLOWED = {
     "npattn.nn": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn"},
     "npattn.optim": {"numpy", "npattn._checks", "npattn.nn"},
     "npattn.gradcheck": {"numpy", "npattn._checks"},
+    "npattn.models": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn",
+                      "npattn.models"},
 }
 
 

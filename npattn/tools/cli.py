@@ -1,4 +1,5 @@
-"""The ``npattn`` command (also ``python -m npattn``): ``demo``, ``explain``, ``info``, ``warmup``.
+"""The ``npattn`` command (also ``python -m npattn``): ``demo``, ``explain``, ``gpt``, ``info``,
+``warmup``.
 
 Each subcommand owns its options: ``npattn <command> ...`` hands everything after the command
 name to that command's own ``main(argv, prog)``, imported only when it runs (so ``npattn info``
@@ -22,6 +23,9 @@ COMMANDS = {
     "explain": ("npattn.tools.explain",
                 "the seed article's dot-product attention, step by step: formulas, shapes and "
                 "numbers from npattn's kernels, checked against the float64 reference"),
+    "gpt": ("npattn.tools.gpt",
+            "a character-level GPT: 'gpt train' on a text (Python's own docs by default), "
+            "'gpt sample' from the checkpoint"),
     "info": ("npattn.tools.info",
              "what npattn runs on: versions, Numba's threading layer and settings, the kernel "
              "cache directory, CPU SIMD features"),
@@ -47,6 +51,7 @@ def build_parser(prog="npattn"):
         epilog="examples:\n"
                f"  {prog} demo                      train the demo model\n"
                f"  {prog} explain --dtype float64   the article's walkthrough in float64\n"
+               f"  {prog} gpt train                 train a character-level GPT\n"
                f"  {prog} info                      versions, threads, cache, CPU\n"
                f"  {prog} <command> --help          a command's own options")
     parser.add_argument("--version", action="version", version=f"npattn {__version__}")

@@ -1,0 +1,310 @@
+"""``npattn gpt train`` / ``npattn gpt sample`` (npattn/tools/gpt.py): checkpoints that load and
+sample, the same bits from the same seed, the default corpus, atomic writes, and bad input
+refused with exit status 2 and nothing written.
+
+Models here are tiny (1 layer, n_embd 8, a few steps): these test the command, not learning.
+"""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from npattn.tools import gpt
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY = ["--steps", "4", "--eval-interval", "2", "--eval-iters", "1", "--n-layer", "1",
+        "--n-head", "2", "--n-embd", "8", "--block-size", "8", "--batch-size", "2"]
+CORPUS = "the cat sat on the mat. a dog ate the hat!\n" * 30
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(CORPUS, encoding="utf-8")
+    return path
+
+
+def train(capsys, data, out, *extra):
+    """``npattn gpt train`` in this process; returns its stdout."""
+    assert gpt.main(["train", "--data", str(data), "--out", str(out), *TINY, *extra]) == 0
+    return capsys.readouterr().out
+
+
+def sample(capsys, checkpoint, *extra):
+    assert gpt.main(["sample", "--checkpoint", str(checkpoint), *extra]) == 0
+    return capsys.readouterr().out
+
+
+def refused(capsys, argv):
+    """Run ``npattn gpt <argv>``, which must exit with status 2; returns its stderr."""
+    with pytest.raises(SystemExit) as caught:
+        gpt.main(argv)
+    assert caught.value.code == 2
+    return capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ train, then sample
+
+def test_train_writes_a_checkpoint_that_sample_loads(capsys, corpus, tmp_path):
+    out = tmp_path / "model.npz"
+    printed = train(capsys, corpus, out)
+    lines = printed.splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["2/4", "4/4"]
+    for line in steps:
+        for word in ("train loss", "val loss", "tokens/s", "elapsed", "left"):
+            assert word in line, line
+    assert any(line.startswith("done: 4 steps") for line in lines)
+
+    model, vocab, meta = gpt.load_checkpoint(out)
+    assert vocab.chars == "".join(sorted(set(CORPUS)))
+    assert meta["format"] == gpt.FORMAT and meta["step"] == 4 and meta["seed"] == 0
+    assert meta["config"] == dict(block_size=8, vocab_size=len(vocab), n_layer=1, n_head=2,
+                                  n_embd=8, dropout=0.0, bias=True)
+    with np.load(out, allow_pickle=False) as archive:             # plain NumPy reads it
+        assert set(archive.files) == set(model.state_dict()) | {gpt.META}
+        for name, array in model.state_dict().items():
+            np.testing.assert_array_equal(archive[name], array)
+    assert f"fingerprint {gpt.fingerprint(model)}" in printed
+
+    text = sample(capsys, out, "--prompt", "the ", "--max-new-tokens", "37")
+    assert text.endswith("\n")
+    text = text[:-1]
+    assert text.startswith("the ") and len(text) == 4 + 37
+    assert set(text) <= set(vocab.chars)
+    # the printed text is the model's own generate, decoded with the stored vocabulary
+    ids = model.generate(vocab.encode("the ")[None], 37, seed=0)
+    assert text == vocab.decode(ids[0])
+
+
+def test_same_seed_same_checkpoint_bytes_and_same_sample(capsys, corpus, tmp_path):
+    first, again, other = (tmp_path / f"{n}.npz" for n in ("first", "again", "other"))
+    train(capsys, corpus, first)
+    train(capsys, corpus, again)
+    train(capsys, corpus, other, "--seed", "1")
+    assert first.read_bytes() == again.read_bytes()
+    assert first.read_bytes() != other.read_bytes()
+    a = sample(capsys, first, "--seed", "5", "--max-new-tokens", "60")
+    b = sample(capsys, again, "--seed", "5", "--max-new-tokens", "60")
+    c = sample(capsys, first, "--seed", "6", "--max-new-tokens", "60")
+    assert a == b and a != c
+
+
+def test_vocabulary_round_trip_and_windows():
+    vocab = gpt.Vocabulary.of("banana split")
+    assert vocab.chars == " abilnpst"
+    ids = vocab.encode("split a banana")
+    assert ids.dtype == np.int64 and ids.tolist()[:5] == [7, 6, 4, 3, 8]
+    assert vocab.decode(ids) == "split a banana"
+    data = np.arange(100, dtype=np.int64)
+    x, y = gpt.get_batch(data, 7, 5, np.random.default_rng(0))
+    assert x.shape == y.shape == (5, 7)
+    np.testing.assert_array_equal(y, x + 1)                        # each target: the next one
+    np.testing.assert_array_equal(np.diff(x, axis=1), 1)           # contiguous windows
+    train_ids, val_ids = gpt.split(data, 7)
+    assert len(train_ids) == 90 and val_ids[0] == 90
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth():
+    steps, lr = 200, 1e-3
+    rates = [gpt.learning_rate(s, steps, lr) for s in range(1, steps + 1)]
+    assert rates[0] == pytest.approx(lr / 20)                      # warmup: 20 steps
+    assert rates[19] == pytest.approx(lr)
+    assert all(a >= b for a, b in zip(rates[19:], rates[20:]))     # then never up
+    assert rates[-1] == pytest.approx(lr / 10)
+
+
+def test_weight_decay_on_the_two_dimensional_weights_only():
+    from npattn.models import GPT, GPTConfig
+    model = GPT(GPTConfig(8, 11, 2, 2, 8), rng=0)
+    opt = gpt.optimizer(model, 1e-3, 0.1)
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.data.ndim == 2 for p in decayed["params"])
+    assert all(p.data.ndim == 1 for p in plain["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+    assert len(decayed["params"]) == 2 + 2 * 4                     # wte, wpe; 4 Linears a block
+
+
+def test_the_default_corpus_ships_with_python():
+    text, description = gpt.default_corpus()
+    assert len(text) >= 200_000 and "pydoc_data.topics" in description
+    assert text == gpt.default_corpus()[0]                         # the same text every time
+    _, _, vocab, train_ids, val_ids = gpt.prepare(None, 64)
+    assert len(vocab) >= 60 and " " in vocab.index and "\n" in vocab.index
+    assert len(train_ids) == int(0.9 * len(text)) and len(train_ids) + len(val_ids) == len(text)
+
+
+def test_the_command_is_registered_and_runs_end_to_end(corpus, tmp_path):
+    """``python -m npattn gpt ...`` as a user runs it: train, sample, and an exit status of 2."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = tmp_path / "cli.npz"
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "npattn", "gpt", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=600)
+
+    done = run("train", "--data", str(corpus), "--out", str(out), *TINY)
+    assert done.returncode == 0, done.stderr
+    done = run("sample", "--checkpoint", str(out), "--prompt", "a", "--max-new-tokens", "9")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout) == 1 + 9 + 1 and done.stdout.startswith("a")
+    done = run("sample", "--checkpoint", str(out), "--prompt", "Z")
+    assert done.returncode == 2 and "argument --prompt" in done.stderr
+
+
+# ------------------------------------------------------------------ atomic checkpoints
+
+def _crashing_writer(error):
+    def write(file, arrays):                 # half a checkpoint, then the crash
+        file.write(b"PK\x03\x04" + b"\0" * 1000)
+        raise error
+    return write
+
+
+@pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()])
+def test_a_crash_while_saving_leaves_the_old_checkpoint(capsys, corpus, tmp_path, monkeypatch,
+                                                        error):
+    out = tmp_path / "model.npz"
+    train(capsys, corpus, out)
+    before = out.read_bytes()
+    model, vocab, meta = gpt.load_checkpoint(out)
+    monkeypatch.setattr(gpt, "write_npz", _crashing_writer(error))
+    with pytest.raises(type(error)):
+        gpt.save_checkpoint(out, model, vocab, {})
+    assert out.read_bytes() == before                              # untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "model.npz"]
+    fresh = tmp_path / "fresh.npz"
+    with pytest.raises(type(error)):
+        gpt.save_checkpoint(fresh, model, vocab, {})
+    assert not fresh.exists()                                      # none, rather than half
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "model.npz"]
+
+
+def test_ctrl_c_during_training_keeps_the_last_checkpoint(capsys, corpus, tmp_path,
+                                                          monkeypatch):
+    out = tmp_path / "model.npz"
+    evaluations = []
+    real = gpt.estimate_loss
+
+    def interrupted(*args):
+        evaluations.append(1)
+        if len(evaluations) > 2:                       # the second evaluation (step 4)
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(gpt, "estimate_loss", interrupted)
+    assert gpt.main(["train", "--data", str(corpus), "--out", str(out), *TINY]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    _, _, meta = gpt.load_checkpoint(out)
+    assert meta["step"] == 2                                       # the evaluation before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "model.npz"]
+
+
+# ------------------------------------------------------------------ bad input
+
+def _bad_data(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("café au lait, ".encode("latin-1") * 50)
+    (tmp_path / "short.txt").write_text("abcdefghijklmnop", encoding="utf-8")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    return [
+        (["--data", str(tmp_path / "missing.txt")], r"argument --data: must be a readable text file; got .*missing"),
+        (["--data", str(tmp_path / "latin1.txt")], r"argument --data: .* must be UTF-8 text; "
+                                                   r"got byte 0xe9 at offset 3"),
+        (["--data", str(tmp_path / "empty.txt")], r"argument --data: the corpus must not be "
+                                                  r"empty"),
+        (["--data", str(tmp_path / "short.txt")], r"argument --block-size: each split .* "
+                                                  r"block_size \+ 1 = 9 .*got a corpus of 16"),
+    ]
+
+
+def test_bad_training_input_exits_2_and_writes_nothing(capsys, corpus, tmp_path):
+    cases = _bad_data(tmp_path) + [
+        (["--data", str(corpus), "--n-embd", "10", "--n-head", "4"],
+         r"argument --n-embd: must be a multiple of --n-head = 4; got 10"),
+        (["--data", str(corpus), "--steps", "0"], r"argument --steps: must be an int >= 1; got 0"),
+        (["--data", str(corpus), "--lr", "-1"], r"argument --lr: must be a finite number > 0"),
+        (["--data", str(corpus), "--dropout", "1"], r"argument --dropout: .*< 1; got '1'"),
+        (["--data", str(corpus), "--dropout", "nan"], r"argument --dropout: .*; got 'nan'"),
+        (["--data", str(corpus), "--threads", "100000"], r"argument --threads: must be an int in"),
+        (["--data", str(corpus), "--dtype", "float16"], r"argument --dtype: invalid choice"),
+    ]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    for extra, message in cases:
+        out = tmp_path / "model.npz"
+        argv = ["train", *TINY[:2], "--block-size", "8", "--out", str(out), *extra]
+        err = refused(capsys, argv)
+        assert re.search(message, err), (extra, err)
+        assert "got" in err or "invalid choice" in err, err       # (argparse's own wording)
+        assert sorted(p.name for p in tmp_path.iterdir()) == files, extra     # nothing written
+    err = refused(capsys, ["train", "--data", str(corpus), "--out",
+                           str(tmp_path / "no" / "such" / "dir.npz"), *TINY])
+    assert "argument --out: must be a file in an existing directory" in err
+
+
+def _tampered(tmp_path, good, edit, name):
+    """A copy of the checkpoint ``good`` with its arrays changed by ``edit(arrays)``."""
+    with np.load(good, allow_pickle=False) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    edit(arrays)
+    path = tmp_path / name
+    with open(path, "wb") as f:
+        gpt.write_npz(f, arrays)
+    return path
+
+
+def _meta(arrays, **changes):
+    meta = json.loads(str(arrays[gpt.META]))
+    meta.update(changes)
+    arrays[gpt.META] = np.array(json.dumps(meta))
+
+
+def test_bad_sampling_input_exits_2(capsys, corpus, tmp_path):
+    good = tmp_path / "good.npz"
+    train(capsys, corpus, good)
+    wte = "transformer.wte.weight"
+    (tmp_path / "text.npz").write_text("not a zip")
+    np.save(tmp_path / "single.npy", np.zeros(3))
+    with zipfile.ZipFile(tmp_path / "other.npz", "w") as z:
+        z.writestr("x.npy", b"")
+    cases = [
+        (tmp_path / "absent.npz", [], r"argument --checkpoint: must be a readable file; got .*absent.npz"),
+        (tmp_path / "text.npz", [], r"text.npz' must be an .npz checkpoint .*; got a file"),
+        (tmp_path / "single.npy", [], r"single.npy' must be an .npz checkpoint .*; got a single"),
+        (_tampered(tmp_path, good, lambda a: a.pop(gpt.META), "nometa.npz"), [],
+         r"must hold the key 'meta'"),
+        (_tampered(tmp_path, good, lambda a: a.pop("transformer.h.0.mlp.c_fc.bias"),
+                   "missing.npz"), [],
+         r"missing.npz' must hold the arrays of its config .*; got missing keys "
+         r"\['transformer.h.0.mlp.c_fc.bias'\], unexpected keys \[\]"),
+        (_tampered(tmp_path, good, lambda a: a.update(extra=np.zeros(2)), "extra.npz"), [],
+         r"unexpected keys \['extra'\]"),
+        (_tampered(tmp_path, good, lambda a: a.update({wte: a[wte][:-1]}), "shape.npz"), [],
+         r"shape.npz': key 'transformer.wte.weight' must be a float32 array of shape "
+         r"\(\d+, 8\); got float32 \(\d+, 8\)"),
+        (_tampered(tmp_path, good, lambda a: _meta(a, config={"n_layer": 2}), "config.npz"), [],
+         r"config.npz': its key 'meta' must describe an npattn gpt model; got"),
+        (_tampered(tmp_path, good, lambda a: _meta(a, vocab="ab"), "vocab.npz"), [],
+         r"vocab.npz': its key 'meta' .*; got a vocabulary of 2 characters for vocab_size"),
+        (_tampered(tmp_path, good, lambda a: _meta(a, format="other/9"), "format.npz"), [],
+         r"its key 'meta' must describe an npattn gpt model; got format 'other/9'"),
+        (_tampered(tmp_path, good, lambda a: a.update({wte: a[wte] + 1}), "untied.npz"), [],
+         r"untied.npz': state_dict\['lm_head.weight'\] must equal"),
+        (good, ["--prompt", "the Cat"], r"argument --prompt: every character must be in the "
+                                        r"checkpoint's vocabulary .*got 1 outside it: 'C'"),
+        (good, ["--prompt", ""], r"argument --prompt: must hold at least one character"),
+        (good, ["--temperature", "0"], r"argument --temperature: must be a finite number > 0"),
+        (good, ["--top-k", "0"], r"argument --top-k: must be an int >= 1; got 0"),
+        (good, ["--max-new-tokens", "x"], r"argument --max-new-tokens: must be an int >= 0; "
+                                          r"got 'x'"),
+    ]
+    for path, extra, message in cases:
+        err = refused(capsys, ["sample", "--checkpoint", str(path), *extra])
+        assert re.search(message, err), (path.name, extra, err)
+        assert "got" in err
