@@ -3,19 +3,21 @@
 Every linear layer and every matrix product of npattn, forward and backward, runs here.
 Dims: T output batches, M rows of C, N columns, K the inner dim; op(X) is X or Xᵀ.
 
-The loop nest (BLIS's, with B packed once for the whole call)::
+The loop nest (BLIS's, with B packed one K block at a time)::
 
-    pack B          for every (b-matrix, K block, NR-wide column panel), in parallel:
-                    bp[ib, kb, panel] = the KC×NR slice of op(B), row-major, zero-padded
-    prange          over work items (t, row block of MC rows): each owns C[t, rows, :]
-      C rows        = (C or 0) + (bias or 0)
-      for kb        K blocks of KC                       (K order fixed: the same bits at
-        pack A        ap = the MC×kc slice of op(A),      any thread count)
-                      as MR-row strips, p-major
+    for kb          K blocks of KC, in order             (K order fixed: the same bits at
+      pack B          for every (b-matrix, NR-wide        any thread count)
+                      column panel), in parallel: bp[ib, panel] = the KC×NR slice of op(B)
+                      in K block kb, row-major, zero-padded
+      prange          over work items (t, row block of MC rows): each owns C[t, rows, :]
+        C rows        = (C or 0) + (bias or 0), at kb = 0
+        pack A        ap = the MC×kc slice of op(A), as MR-row strips, p-major
         for chunk     NC-wide column chunks of C         (KC×NC of packed B: ~L2)
           for strip   MR-row strips of the block         (ap strip: kc×MR, ~L1)
-            for panel NR-wide column panels of the chunk (bp[ib, kb, panel]: KC×NR)
-              micro   tile = strip · panel               (MR×NR accumulators in registers)
+            for panel NR-wide column panels of the chunk (bp[ib, panel]: KC×NR)
+              micro   tile = strip · panel               (MR×NR accumulators in registers;
+                                                          a whole tile is added into C by
+                                                          micro_add, an edge tile via scratch)
               C[rows, cols] += tile, clipped to C's edge
 
           ┌──────── N ────────┐          A strip (kc×MR) ─┐
