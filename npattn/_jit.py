@@ -83,6 +83,7 @@ import urllib.parse
 import numba
 from numba import njit, types
 from numba.core import caching
+from numba.extending import intrinsic
 
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
@@ -284,42 +285,57 @@ def _arg_key(value):
             flags.writeable, flags.aligned)
 
 
-class _Body:
-    """A compiled body as a first-class function value: its address and signature (Numba's
-    wrapper address protocol, through ``numba.types.CompileResultWAP``) and its Numba type,
-    computed once -- Numba would otherwise rebuild the function type at every call."""
+@intrinsic
+def _call_at(typingctx, address, args):
+    """Numba's side of :func:`call_body`: a C call through ``address`` with the items of the
+    tuple ``args``, the way Numba calls a first-class function value whose code it did not
+    link (the body's C wrapper, ``void(*args)``)."""
+    if not isinstance(address, types.Integer) or not isinstance(args, types.BaseTuple):
+        return None
 
-    def __init__(self, cres):
-        wap = types.CompileResultWAP(cres)
-        self.address, self._signature = wap.__wrapper_address__(), wap.signature()
-        self._numba_type_ = types.FunctionType(self._signature)
+    def codegen(context, builder, signature, values):
+        prototype = types.FunctionType(types.void(*args.types)).ftype
+        pointer = builder.inttoptr(values[0], context.get_value_type(prototype))
+        builder.call(pointer, [builder.extract_value(values[1], i)
+                               for i in range(len(args.types))])
+        return context.get_dummy_value()
+    return types.void(address, args), codegen
 
-    def __wrapper_address__(self):
-        return self.address
 
-    def signature(self):
-        return self._signature
+def call_body(body, args):
+    """Inside a :func:`parallel_items` loop: run the work item ``body`` (the int64 address the
+    loop was given for it) on the tuple ``args`` -- ``call_body(item, (np.int64(w), q, k))``.
+    Under ``NUMBA_DISABLE_JIT`` ``body`` is the item's Python function, called as such."""
+    body(*args)
+
+
+if not numba.config.DISABLE_JIT:
+    call_body = _call_at        # noqa: F811  (compiled code calls the intrinsic)
 
 
 class ItemKernel(ThreadSafeKernel):
-    """A parallel loop over work items whose bodies are serial kernels passed to the loop as
-    first-class functions; called as ``kernel(*args)`` (the bodies are put first).
+    """A parallel loop over work items whose bodies are serial kernels compiled apart and
+    called through their addresses; called as ``kernel(*args)`` (the addresses are put first).
 
     Why: Numba links the code of every serial kernel a kernel calls into the caller's library
     and runs LLVM's whole O3 pipeline over it again there -- and a ``prange`` kernel is two
     such libraries (its gufunc and the wrapper that launches it). For the attention kernels
-    that re-optimisation was about half of their 25-29 s compile. A function passed as an
-    argument is called through its address, not linked: the loop compiles in ~1 s, each body
-    once, into its own cached library. The results are the same bits (tested), and the
-    attention backward came out faster (its item is optimised as a function of its own).
+    that re-optimisation was about half of their 25-29 s compile. A function called through
+    its address is not linked: the loop compiles in ~1 s, each body once, into its own cached
+    library. The results are the same bits (tested), and the attention backward came out
+    faster (its item is optimised as a function of its own).
 
     How: for each new combination of argument types, each body is compiled (or loaded from
     the disk cache) for ``void(int64, *argument types)`` -- or with ``indices`` int64s first:
-    a work item and, say, the K block the loop is at -- and wrapped as a first-class function
-    value holding its address (:class:`_Body`), kept per :func:`_arg_key` of the arguments,
-    so that a call costs a dictionary look-up; the loop compiles (or loads) as usual for those
-    function types and the arguments. (Passed a body's dispatcher instead, Numba would type it
-    as itself and build a version that links it.)
+    a work item and, say, the K block the loop is at -- and the loop for ``(int64 address of
+    each body, *argument types)``, from the one tuple of types, so the loop's calls pass
+    exactly the types each body was compiled for. The addresses (of the bodies' C wrappers)
+    are kept per :func:`_arg_key` of the arguments, with the compile results that own the
+    code, so that a call costs a dictionary look-up and a launch whose arguments are all
+    arrays and numbers. (An earlier version passed each body as a first-class function value:
+    Numba then unboxes it through two Python calls that unpickle its signature, ~20 µs per
+    body per call, the whole cost of a small product.) The loop calls a body with
+    :func:`call_body`.
     """
 
     def __init__(self, dispatcher, items, indices=1):
@@ -327,7 +343,7 @@ class ItemKernel(ThreadSafeKernel):
         self.items = items
         self.indices = indices     # the int64s each body takes before the arguments
         self._uncached_items = None
-        self._bodies = {}          # (loop, argument keys) -> the bodies as function values
+        self._bodies = {}          # (loop, argument keys) -> (addresses, compile results)
 
     def _targets(self):
         loop = self._target()
@@ -339,16 +355,18 @@ class ItemKernel(ThreadSafeKernel):
         return loop, self._uncached_items
 
     def _bodies_for(self, loop, items, args):
-        """Each body compiled (or loaded from the disk cache) for these arguments' types, as a
-        function value; the loop then compiles for them on its own (each one's type is a
-        FunctionType with exactly the types the loop's calls pass)."""
-        signature = types.void(*(types.int64,) * self.indices,
-                               *(loop.typeof_pyval(a) for a in args))
-        bodies = []
+        """Each body compiled (or loaded from the disk cache) for these arguments' types, and
+        the loop for the same types after one address per body; returns the addresses and the
+        compile results (which keep the code they point into alive)."""
+        arg_types = tuple(loop.typeof_pyval(a) for a in args)
+        signature = types.void(*(types.int64,) * self.indices, *arg_types)
+        results = []
         for item in items:
             item.compile(signature)
-            bodies.append(_Body(item.overloads[signature.args]))
-        return tuple(bodies)
+            results.append(item.overloads[signature.args])
+        loop.compile((types.int64,) * len(items) + arg_types)
+        addresses = tuple(types.CompileResultWAP(r).__wrapper_address__() for r in results)
+        return addresses, tuple(results)
 
     def __call__(self, *args):
         loop, items = self._targets()
@@ -359,16 +377,17 @@ class ItemKernel(ThreadSafeKernel):
         if bodies is None:
             bodies = self._bodies[key] = self._bodies_for(loop, items, args)
         if _launches_may_overlap():
-            return loop(*bodies, *args)
+            return loop(*bodies[0], *args)
         with _launch_lock:
-            return loop(*bodies, *args)
+            return loop(*bodies[0], *args)
 
 
 def parallel_items(*items, indices=1):
     """A ``prange`` kernel whose loop bodies are the serial kernels ``items``: see
     :class:`ItemKernel`. The decorated function takes the items as its first parameters and
-    calls each as ``item(np.int64(w), *the other parameters)`` -- or with ``indices`` int64s
-    before them, ``item(np.int64(w), np.int64(kb), ...)``; callers pass only the others."""
+    calls each as ``call_body(item, (np.int64(w), *the other parameters))`` -- or with
+    ``indices`` int64s before them, ``call_body(item, (np.int64(w), np.int64(kb), ...))``;
+    callers pass only the others."""
     def decorate(loop):
         return ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), items, indices)
     return decorate

@@ -140,36 +140,71 @@ def _add_item(w, out, step):
 @_jit.parallel_items(_add_item)
 def _add_all(item, out, step):
     for w in numba.prange(out.shape[0]):
-        item(np.int64(w), out, step)
+        _jit.call_body(item, (np.int64(w), out, step))
 
 
-def _body_types(kernel):
-    return [type(signature[0]) for signature in kernel.dispatcher.signatures]
+def _address_types(kernel):
+    """The types of the loop's first parameter (a body's address), one per compiled version."""
+    return [signature[0] for signature in kernel.dispatcher.signatures]
 
 
-def test_a_parallel_items_loop_takes_its_body_as_a_function_value():
-    """The loop is compiled for its body as a first-class function (not linked into it), once
-    for each new combination of argument types, and never for the body's own dispatcher
-    type (which a plain call would compile)."""
+def _libraries(library):
+    """The names of a compiled library and of every library linked into it, recursively."""
+    names = {library.name}
+    for linked in getattr(library, "_linking_libraries", ()):
+        names |= _libraries(linked)
+    return names
+
+
+def _defines(loop, body):
+    """Whether the loop's code, compiled for each of its versions' signatures, links the code
+    of ``body``. Compiled afresh: a version loaded from the disk cache keeps no such record."""
+    fresh = numba.njit(parallel=True, **{**_jit.OPTIONS, "cache": False})(loop.py_func)
+    for signature in loop.signatures:
+        fresh.compile(signature)
+        if body.py_func.__qualname__ in _libraries(fresh.overloads[signature].library):
+            return True
+    return False
+
+
+@_jit.parallel_kernel
+def _add_all_linked(out, step):
+    for w in numba.prange(out.shape[0]):
+        _add_item(np.int64(w), out, step)
+
+
+def test_a_parallel_items_loop_calls_its_body_through_an_address():
+    """The loop is compiled for its body's address (an int64, so that a call unboxes nothing
+    but arrays and numbers) and never links the body's code, once for each new combination
+    of argument types; each version calls the body compiled for exactly its types."""
     out = np.zeros(6)
     _add_all(out, 1)
     _add_all(out[::2], 2)                         # another layout: another version
     _add_all(out, np.float32(0.5))                # another type of step
     _add_all(out, 3)                              # known types: no new version
     assert np.array_equal(out, [6.5, 4.5] * 3)
-    assert _body_types(_add_all) == [numba.types.FunctionType] * 3
+    assert _address_types(_add_all) == [numba.types.int64] * 3
+    assert len(_add_item.signatures) == 3
+    assert not _defines(_add_all, _add_item)
+    _add_all_linked(out, 1)                       # the check can fail: a plain call links
+    assert _defines(_add_all_linked, _add_item)
 
 
-def test_the_attention_kernels_call_their_work_items_through_a_pointer():
+def test_the_engines_call_their_work_items_through_an_address():
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
         q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(dtype) for _ in range(3))
         v.flags.writeable = False                 # a read-only input is another version
         out, lse = npattn.scaled_dot_product_attention_forward(q, k, v)
         npattn.scaled_dot_product_attention_backward(out, q, k, v, out, lse)
+        npattn.matmul(rng.standard_normal((300, 40)).astype(dtype),    # gemm_kernel's A·B
+                      rng.standard_normal((40, 70)).astype(dtype))
     for dtype in (np.float32, np.float64):
         attention = tiles.engine("attention", dtype)
-        for kernel in (attention.attention_forward_kernel, attention.attention_backward_kernel):
+        gemm = tiles.engine("gemm", dtype)
+        for kernel in (attention.attention_forward_kernel, attention.attention_backward_kernel,
+                       gemm.gemm_kernel):
             assert isinstance(kernel, _jit.ItemKernel)
-            assert set(_body_types(kernel)) == {numba.types.FunctionType}
+            assert set(_address_types(kernel)) == {numba.types.int64}
             assert len(kernel.dispatcher.signatures) >= 1
+            assert not any(_defines(kernel, item) for item in kernel.items)

@@ -64,7 +64,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .._jit import kernel, parallel_items
+from .._jit import call_body, kernel, parallel_items
 from . import _gemm_micro, tiles
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .random import keep
@@ -423,9 +423,9 @@ def attention_forward_kernel(item, q, k, v, qi, ki, vi, bmask, fmask, planes, ma
     n_batch, n_heads, n_rows = lse.shape
     n_qb = (n_rows + block_rows - 1) // block_rows
     for w in prange(n_batch * n_heads * n_qb):
-        item(np.int64(w), q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal, offset,
-             scale, key, threshold, drop_scale, out, lse, row_max, row_sum, weights,
-             store_weights, block_rows)
+        call_body(item, (np.int64(w), q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind,
+                         causal, offset, scale, key, threshold, drop_scale, out, lse, row_max,
+                         row_sum, weights, store_weights, block_rows))
 
 
 @kernel
@@ -643,6 +643,6 @@ def attention_backward_kernel(item, q, k, v, dout, out, lse, norm, qi, ki, vi, b
     n_splits = dq_parts.shape[0]
     n_batch, n_kv = lse.shape[0], k.shape[1]
     for w in prange(n_batch * n_kv * n_splits):
-        item(np.int64(w), q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, planes,
-             mask_kind, causal, offset, scale, key, threshold, drop_scale, dq_parts, dk, dv,
-             dscores, store_ds)
+        call_body(item, (np.int64(w), q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask,
+                         planes, mask_kind, causal, offset, scale, key, threshold, drop_scale,
+                         dq_parts, dk, dv, dscores, store_ds))

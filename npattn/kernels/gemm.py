@@ -58,7 +58,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .._jit import fma_kernel, kernel, parallel_items, parallel_kernel
+from .._jit import call_body, fma_kernel, kernel, parallel_items, parallel_kernel
 from . import _gemm_micro, tiles
 
 TILE = tiles.tile_of(__name__)   # this instance's tile (see tiles.py)
@@ -211,11 +211,11 @@ def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, 
     for kb in range(n_kb):
         k = np.int64(kb)
         for w in prange(b.shape[0] * n_panels):
-            pack(np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
-                 mc, bp)
+            call_body(pack, (np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a,
+                             trans_b, accumulate, mc, bp))
         for w in prange(n_batch * n_mb):
-            block(np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a, trans_b,
-                  accumulate, mc, bp)
+            call_body(block, (np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a,
+                              trans_b, accumulate, mc, bp))
 
 
 @kernel
@@ -248,7 +248,8 @@ def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b,
     # -- instead of packing all of B up front (for a batched backward, a copy of a 32 MiB
     # operand). The sums run in the same order as gemm_kernel's: the same bits.
     for t in prange(c.shape[0]):
-        item(np.int64(t), a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc)
+        call_body(item, (np.int64(t), a, b, c, bias, a_index, b_index, trans_a, trans_b,
+                         accumulate, mc))
 
 
 @kernel

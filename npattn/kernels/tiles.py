@@ -120,6 +120,7 @@ def host_isa():
 _lock = threading.RLock()       # loading is re-entrant: attention's instance loads gemm's
 _isa = None                     # the ISA in force, decided on first use
 _engines = {}                   # (name, isa, dtype) -> module
+_called = {}                    # engine()'s arguments as given -> module (emptied by using())
 _loading = {}                   # module name -> Tile, while it loads
 
 
@@ -147,21 +148,27 @@ def using(isa):
         raise ValueError(f"isa must be one of {', '.join(ISAS)}; got {isa!r}")
     with _lock:
         previous, _isa = isa_in_force(), isa
+        _called.clear()
     try:
         yield
     finally:
-        _isa = previous
+        with _lock:
+            _isa = previous
+            _called.clear()
 
 
 def engine(name, dtype, isa=None):
     """The instance of engine module ``name`` ("gemm" or "attention") for ``dtype``'s tile of
     ``isa`` (default: the ISA in force), loaded on first use. Loading compiles nothing."""
-    isa = isa or isa_in_force()
-    key = (name, isa, np.dtype(dtype).name)
-    module = _engines.get(key)
+    module = _called.get((name, dtype, isa))   # every matrix product asks: one look-up
     if module is None:
-        with _lock:
-            module = _engines.get(key) or _load(*key)
+        chosen = isa or isa_in_force()
+        key = (name, chosen, np.dtype(dtype).name)
+        module = _engines.get(key)
+        if module is None:
+            with _lock:
+                module = _engines.get(key) or _load(*key)
+        _called[name, dtype, isa] = module
     return module
 
 

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import _checks
-# replaced by npattn.functional.gelu at merge
 from ..functional.gelu import gelu_backward, gelu_forward
 from ..functional.attention import (scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_forward)
@@ -36,7 +35,7 @@ from ..nn import init
 from ..nn.dropout import Dropout, draw_seed
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
-from ..nn.module import Module, Sequential
+from ..nn.module import Module, ModuleList
 from ..nn.normalization import LayerNorm
 
 IGNORE_INDEX = -1              # nanoGPT's: targets equal to -1 take no part in the loss
@@ -230,10 +229,9 @@ class Transformer(Module):
         self.wte = Embedding(config.vocab_size, config.n_embd, dtype=dtype, rng=rng)
         self.wpe = Embedding(config.block_size, config.n_embd, dtype=dtype, rng=rng)
         self.drop = Dropout(config.dropout, seed=draw_seed(seeds))
-        # nn.ModuleList at merge: Sequential registers the same names (h.0, h.1, ...); only
-        # its iteration is used, never its forward
-        self.h = Sequential(*[Block(config, dtype=dtype, rng=rng, seeds=seeds)
-                              for _ in range(config.n_layer)])
+        # registered as h.0, h.1, ... (nanoGPT's names); GPT runs the blocks itself
+        self.h = ModuleList([Block(config, dtype=dtype, rng=rng, seeds=seeds)
+                             for _ in range(config.n_layer)])
         self.ln_f = LayerNorm(config.n_embd, bias=config.bias, dtype=dtype)
 
 
