@@ -5,6 +5,7 @@ refused with exit status 2 and nothing written.
 Models here are tiny (1 layer, n_embd 8, a few steps): these test the command, not learning.
 """
 import json
+import math
 import os
 import pathlib
 import re
@@ -111,13 +112,45 @@ def test_vocabulary_round_trip_and_windows():
     assert len(train_ids) == 90 and val_ids[0] == 90
 
 
-def test_learning_rate_warms_up_then_decays_to_a_tenth():
-    steps, lr = 200, 1e-3
-    rates = [gpt.learning_rate(s, steps, lr) for s in range(1, steps + 1)]
-    assert rates[0] == pytest.approx(lr / 20)                      # warmup: 20 steps
-    assert rates[19] == pytest.approx(lr)
-    assert all(a >= b for a, b in zip(rates[19:], rates[20:]))     # then never up
-    assert rates[-1] == pytest.approx(lr / 10)
+def documented_lr(step, steps, lr):
+    """The module docstring's schedule, in closed form: warmup linear to lr over the first
+    W = min(100, steps // 10) steps (step counts from 1), then cosine to lr / 10 at the last."""
+    warmup = min(100, steps // 10)
+    if step <= warmup:
+        return lr * step / warmup
+    progress = (step - warmup) / (steps - warmup)
+    return lr / 10 + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - lr / 10)
+
+
+@pytest.mark.parametrize("steps", [1, 5, 10, 15, 200, 2000])     # W = 0, 0, 1, 1, 20, 100
+def test_the_lr_schedule_warms_up_then_decays_to_a_tenth(steps):
+    """lr_schedule, stepped as train() steps it, against the closed form; and its shape."""
+    from npattn.nn import Parameter
+    lr = 2e-3
+    opt = gpt.AdamW([Parameter(np.zeros(3))], lr=1.0)
+    schedule = gpt.lr_schedule(opt, steps, lr)
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])                  # what opt.step() would use
+        schedule.step()
+    want = [documented_lr(s, steps, lr) for s in range(1, steps + 1)]
+    assert rates == pytest.approx(want, rel=1e-12, abs=0)      # PyTorch's recursion: rounding
+    warmup = min(100, steps // 10)
+    if warmup:
+        assert rates[0] == pytest.approx(lr / warmup, rel=1e-12)
+        assert rates[warmup - 1] == pytest.approx(lr, rel=1e-12)           # the peak
+        assert all(b > a for a, b in zip(rates[:warmup], rates[1:warmup]))   # up
+    assert all(b < a for a, b in zip(rates[warmup:], rates[warmup + 1:]))     # then down
+    assert rates[-1] == pytest.approx(lr / 10, rel=1e-12)
+
+
+def test_train_uses_the_schedule(capsys, corpus, tmp_path):
+    """The rates train() trained with, step by step (20 steps: a warmup of 2)."""
+    result = gpt.train(str(corpus), str(tmp_path / "m.npz"), steps=20, batch_size=2,
+                       block_size=8, n_layer=1, n_head=2, n_embd=8, eval_interval=20,
+                       eval_iters=1, sample_chars=0)
+    want = [documented_lr(s, 20, gpt.DEFAULTS["lr"]) for s in range(1, 21)]
+    assert result["lrs"] == pytest.approx(want, rel=1e-12, abs=0)
 
 
 def test_weight_decay_on_the_two_dimensional_weights_only():
