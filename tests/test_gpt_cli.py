@@ -247,7 +247,8 @@ def _bad_data(tmp_path):
     (tmp_path / "short.txt").write_text("abcdefghijklmnop", encoding="utf-8")
     (tmp_path / "empty.txt").write_bytes(b"")
     return [
-        (["--data", str(tmp_path / "missing.txt")], r"argument --data: must be a readable text file; got .*missing"),
+        (["--data", str(tmp_path / "missing.txt")],
+         r"argument --data: must be a readable text file; got .*missing"),
         (["--data", str(tmp_path / "latin1.txt")], r"argument --data: .* must be UTF-8 text; "
                                                    r"got byte 0xe9 at offset 3"),
         (["--data", str(tmp_path / "empty.txt")], r"argument --data: the corpus must not be "
@@ -307,7 +308,8 @@ def test_bad_sampling_input_exits_2(capsys, corpus, tmp_path):
     with zipfile.ZipFile(tmp_path / "other.npz", "w") as z:
         z.writestr("x.npy", b"")
     cases = [
-        (tmp_path / "absent.npz", [], r"argument --checkpoint: must be a readable file; got .*absent.npz"),
+        (tmp_path / "absent.npz", [],
+         r"argument --checkpoint: must be a readable file; got .*absent.npz"),
         (tmp_path / "text.npz", [], r"text.npz' must be an .npz checkpoint .*; got a file"),
         (tmp_path / "single.npy", [], r"single.npy' must be an .npz checkpoint .*; got a single"),
         (_tampered(tmp_path, good, lambda a: a.pop(gpt.META), "nometa.npz"), [],

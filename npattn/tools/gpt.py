@@ -362,7 +362,8 @@ def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS
           dtype=DEFAULTS["dtype"], sample_chars=200, write=print):
     """Train a character-level GPT on ``data`` (a path; None: the default corpus) and write the
     checkpoint ``out`` at every evaluation and at the end. Returns a dict of the losses, the
-    model, the vocabulary, timings and ``lrs``, each step's learning rate. Raises UsageError on bad input, before writing."""
+    model, the vocabulary, timings and ``lrs``, each step's learning rate. Raises UsageError
+    on bad input, before writing."""
     text, description, vocab, train_ids, val_ids = prepare(data, block_size)
     if os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise UsageError(f"argument --out: must be a file in an existing directory; got {out!r}")
@@ -379,7 +380,8 @@ def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS
     n_params = sum(p.data.size for p in model.parameters())
     write(f"corpus: {description}: {len(text):,} characters, vocabulary of {len(vocab)} "
           f"({len(train_ids):,} train, {len(val_ids):,} validation)")
-    write(f"model: {n_layer} layer{'s' if n_layer > 1 else ''}, {n_head} heads, n_embd {n_embd}, block {block_size}, "
+    write(f"model: {n_layer} layer{'s' if n_layer > 1 else ''}, {n_head} heads, "
+          f"n_embd {n_embd}, block {block_size}, "
           f"{n_params:,} parameters, {np.dtype(dtype).name}; {steps} steps of batch "
           f"{batch_size}, AdamW lr {lr:g} (warmup, cosine to {lr / 10:g}), seed {seed}")
     history = []
