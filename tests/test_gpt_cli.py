@@ -15,6 +15,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import example, given, strategies as st
 
 from npattn.tools import gpt
 
@@ -122,11 +123,14 @@ def documented_lr(step, steps, lr):
     return lr / 10 + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - lr / 10)
 
 
-@pytest.mark.parametrize("steps", [1, 5, 10, 15, 200, 2000])     # W = 0, 0, 1, 1, 20, 100
-def test_the_lr_schedule_warms_up_then_decays_to_a_tenth(steps):
+@given(steps=st.integers(1, 2500), lr=st.floats(1e-6, 10.0))
+@example(steps=1, lr=2e-3).via("no warmup, one step: lr / 10 at once")
+@example(steps=15, lr=2e-3).via("a warmup of 1: the cosine from step 0 (milestone 0)")
+@example(steps=200, lr=2e-3).via("a warmup of 20")
+@example(steps=2000, lr=2e-3).via("the warmup capped at 100")
+def test_the_lr_schedule_warms_up_then_decays_to_a_tenth(steps, lr):
     """lr_schedule, stepped as train() steps it, against the closed form; and its shape."""
     from npattn.nn import Parameter
-    lr = 2e-3
     opt = gpt.AdamW([Parameter(np.zeros(3))], lr=1.0)
     schedule = gpt.lr_schedule(opt, steps, lr)
     rates = []
