@@ -26,8 +26,9 @@ Reported: one row per op group (``GROUPS``) with calls per step, ms per step and
 of the step, and the mean time per call, so that per-call overhead shows: a 20 µs op called
 40 times a step costs what one 0.8 ms GEMM does. Each figure is the mean over the quieter half
 of ``--steps`` steps (those at or below the median step time; one warm-up step first loads
-the kernels): on a shared 2-core machine a parallel kernel whose thread lost its core stalls a
-step by ~0.4 s, and a median taken row by row would mix rows of different steps, which no
+the kernels): on a shared 2-core machine a parallel kernel whose thread lost its core stalls
+a step (a --quick step of ~2 ms took ~370 ms now and then on a 2-core AMD EPYC while another
+process ran), and a median taken row by row would mix rows of different steps, which no
 longer add up. Over whole steps they do: the glue row is each step's rest, and it is ≥ 0 when
 nothing was counted twice. The unwrapped steps are measured too, alternating with the wrapped
 ones: the difference is the profile's own cost.
