@@ -1,12 +1,15 @@
-"""npattn.models.GPT against nanoGPT's model written here from torch.nn parts.
+"""npattn.models.GPT against nanoGPT's model written from torch.nn parts.
 
-The PyTorch model (``torch_gpt``) is nanoGPT's ``model.py`` architecture: Embedding wte and
-wpe, pre-LayerNorm blocks with an optional-bias LayerNorm, one c_attn Linear split into q, k, v,
-``F.scaled_dot_product_attention(is_causal=True)``, exact ``F.gelu``, lm_head tied to wte.
-Both models get the same weights through the state_dict; logits, loss and every parameter's
-gradient must agree: float64 to ~1e-10 relative, float32 within a small multiple of
-PyTorch's own float32 error (both measured against the float64 truth). Generation, the KV
-cache, bad input and a short AdamW run are checked too. Sizes are tiny and odd on purpose.
+The PyTorch model (``benchmarks/torch_gpt.py::torch_gpt``, the one copy, which the benchmark
+times as npattn's peer) is nanoGPT's ``model.py`` architecture: Embedding wte and wpe,
+pre-LayerNorm blocks with an optional-bias LayerNorm, one c_attn Linear split into q, k, v,
+``F.scaled_dot_product_attention(is_causal=True)``, exact ``F.gelu``, lm_head tied to wte --
+torch.nn and torch.nn.functional only, no npattn code
+(``test_the_oracle_is_independent_of_npattn``). Both models get the same weights through the
+state_dict; logits, loss and every parameter's gradient must agree: float64 to ~1e-10
+relative, float32 within a small multiple of PyTorch's own float32 error (both measured
+against the float64 truth). Generation, the KV cache, bad input and a short AdamW run are
+checked too. Sizes are tiny and odd on purpose.
 """
 import math
 
@@ -14,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from benchmarks.torch_gpt import torch_gpt
 from npattn import optim
 from npattn.models import GPT, GPTConfig
 
@@ -22,82 +26,15 @@ F32_FACTOR, F32_FLOOR = 8.0, 2e-6       # float32: <= 8x PyTorch's float32 error
 SMALL = GPTConfig(block_size=8, vocab_size=37, n_layer=2, n_head=3, n_embd=24)
 
 
-# ------------------------------------------------------------------ nanoGPT in PyTorch
-
-def torch_gpt(torch, cfg):
-    """nanoGPT's GPT (model.py) from torch.nn parts, without its own init (weights are
-    loaded) and returning every position's logits."""
-    nn, F = torch.nn, torch.nn.functional
-
-    class LayerNorm(nn.Module):                         # nanoGPT's: the bias is optional
-        def __init__(self, ndim, bias):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(ndim))
-            self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-        def forward(self, x):
-            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
-
-    class CausalSelfAttention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-            self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.c_attn(x).split(c, dim=2)
-            q, k, v = (z.view(b, t, cfg.n_head, c // cfg.n_head).transpose(1, 2)
-                       for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-            self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-
-        def forward(self, x):
-            return self.c_proj(F.gelu(self.c_fc(x)))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1 = LayerNorm(cfg.n_embd, cfg.bias)
-            self.attn = CausalSelfAttention()
-            self.ln_2 = LayerNorm(cfg.n_embd, cfg.bias)
-            self.mlp = MLP()
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class TorchGPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.transformer = nn.ModuleDict(dict(
-                wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
-                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
-                h=nn.ModuleList([Block() for _ in range(cfg.n_layer)]),
-                ln_f=LayerNorm(cfg.n_embd, cfg.bias)))
-            self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-            self.transformer.wte.weight = self.lm_head.weight          # weight tying
-
-        def forward(self, idx, targets=None):
-            t = idx.shape[1]
-            pos = torch.arange(t, dtype=torch.long)
-            x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-            for block in self.transformer.h:
-                x = block(x)
-            logits = self.lm_head(self.transformer.ln_f(x))
-            loss = None
-            if targets is not None:
-                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                                       ignore_index=-1)
-            return logits, loss
-
-    return TorchGPT()
+def test_the_oracle_is_independent_of_npattn():
+    """The PyTorch model imports nothing (torch is passed in), so no npattn code can leak into
+    the oracle through it."""
+    import ast
+    import pathlib
+    import benchmarks.torch_gpt
+    tree = ast.parse(pathlib.Path(benchmarks.torch_gpt.__file__).read_text())
+    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert imports == []
 
 
 def random_state(model, rng):

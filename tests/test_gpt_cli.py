@@ -5,6 +5,7 @@ refused with exit status 2 and nothing written.
 Models here are tiny (1 layer, n_embd 8, a few steps): these test the command, not learning.
 """
 import json
+import math
 import os
 import pathlib
 import re
@@ -14,6 +15,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import example, given, strategies as st
 
 from npattn.tools import gpt
 
@@ -111,13 +113,48 @@ def test_vocabulary_round_trip_and_windows():
     assert len(train_ids) == 90 and val_ids[0] == 90
 
 
-def test_learning_rate_warms_up_then_decays_to_a_tenth():
-    steps, lr = 200, 1e-3
-    rates = [gpt.learning_rate(s, steps, lr) for s in range(1, steps + 1)]
-    assert rates[0] == pytest.approx(lr / 20)                      # warmup: 20 steps
-    assert rates[19] == pytest.approx(lr)
-    assert all(a >= b for a, b in zip(rates[19:], rates[20:]))     # then never up
-    assert rates[-1] == pytest.approx(lr / 10)
+def documented_lr(step, steps, lr):
+    """The module docstring's schedule, in closed form: warmup linear to lr over the first
+    W = min(100, steps // 10) steps (step counts from 1), then cosine to lr / 10 at the last."""
+    warmup = min(100, steps // 10)
+    if step <= warmup:
+        return lr * step / warmup
+    progress = (step - warmup) / (steps - warmup)
+    return lr / 10 + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - lr / 10)
+
+
+@given(steps=st.integers(1, 2500), lr=st.floats(1e-6, 10.0))
+@example(steps=1, lr=2e-3).via("no warmup, one step: lr / 10 at once")
+@example(steps=15, lr=2e-3).via("a warmup of 1: the cosine from step 0 (milestone 0)")
+@example(steps=200, lr=2e-3).via("a warmup of 20")
+@example(steps=2000, lr=2e-3).via("the warmup capped at 100")
+def test_the_lr_schedule_warms_up_then_decays_to_a_tenth(steps, lr):
+    """lr_schedule, stepped as train() steps it, against the closed form; and its shape."""
+    from npattn.nn import Parameter
+    opt = gpt.AdamW([Parameter(np.zeros(3))], lr=1.0)
+    schedule = gpt.lr_schedule(opt, steps, lr)
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])                  # what opt.step() would use
+        schedule.step()
+    want = [documented_lr(s, steps, lr) for s in range(1, steps + 1)]
+    assert rates == pytest.approx(want, rel=1e-12, abs=0)      # PyTorch's recursion: rounding
+    warmup = min(100, steps // 10)
+    if warmup:
+        assert rates[0] == pytest.approx(lr / warmup, rel=1e-12)
+        assert rates[warmup - 1] == pytest.approx(lr, rel=1e-12)           # the peak
+        assert all(b > a for a, b in zip(rates[:warmup], rates[1:warmup]))   # up
+    assert all(b < a for a, b in zip(rates[warmup:], rates[warmup + 1:]))     # then down
+    assert rates[-1] == pytest.approx(lr / 10, rel=1e-12)
+
+
+def test_train_uses_the_schedule(capsys, corpus, tmp_path):
+    """The rates train() trained with, step by step (20 steps: a warmup of 2)."""
+    result = gpt.train(str(corpus), str(tmp_path / "m.npz"), steps=20, batch_size=2,
+                       block_size=8, n_layer=1, n_head=2, n_embd=8, eval_interval=20,
+                       eval_iters=1, sample_chars=0)
+    want = [documented_lr(s, 20, gpt.DEFAULTS["lr"]) for s in range(1, 21)]
+    assert result["lrs"] == pytest.approx(want, rel=1e-12, abs=0)
 
 
 def test_weight_decay_on_the_two_dimensional_weights_only():
@@ -214,7 +251,8 @@ def _bad_data(tmp_path):
     (tmp_path / "short.txt").write_text("abcdefghijklmnop", encoding="utf-8")
     (tmp_path / "empty.txt").write_bytes(b"")
     return [
-        (["--data", str(tmp_path / "missing.txt")], r"argument --data: must be a readable text file; got .*missing"),
+        (["--data", str(tmp_path / "missing.txt")],
+         r"argument --data: must be a readable text file; got .*missing"),
         (["--data", str(tmp_path / "latin1.txt")], r"argument --data: .* must be UTF-8 text; "
                                                    r"got byte 0xe9 at offset 3"),
         (["--data", str(tmp_path / "empty.txt")], r"argument --data: the corpus must not be "
@@ -274,7 +312,8 @@ def test_bad_sampling_input_exits_2(capsys, corpus, tmp_path):
     with zipfile.ZipFile(tmp_path / "other.npz", "w") as z:
         z.writestr("x.npy", b"")
     cases = [
-        (tmp_path / "absent.npz", [], r"argument --checkpoint: must be a readable file; got .*absent.npz"),
+        (tmp_path / "absent.npz", [],
+         r"argument --checkpoint: must be a readable file; got .*absent.npz"),
         (tmp_path / "text.npz", [], r"text.npz' must be an .npz checkpoint .*; got a file"),
         (tmp_path / "single.npy", [], r"single.npy' must be an .npz checkpoint .*; got a single"),
         (_tampered(tmp_path, good, lambda a: a.pop(gpt.META), "nometa.npz"), [],

@@ -39,9 +39,11 @@ Bad input -- a missing or non-UTF-8 ``--data``, a corpus too short for ``--block
 misshapen arrays -- is refused before anything is written, with a message naming the option
 (exit status 2, as argparse's own errors).
 
-Not yet here (on another branch, to switch to once merged): gradient clipping
-(``nn.utils.clip_grad_norm_``) and ``npattn.optim``'s LR schedulers; the warmup + cosine
-schedule below is a local stand-in.
+**The learning rate** warms up linearly over the first 10 % of the steps (at most 100) to
+``--lr``, then decays along a cosine to ``--lr`` / 10 at the last step, as nanoGPT's ``get_lr``
+(:func:`lr_schedule`: ``npattn.optim``'s ``LinearLR`` then ``CosineAnnealingLR``).
+
+Not yet here: gradient clipping (``nn.utils.clip_grad_norm_``).
 """
 import argparse
 import hashlib
@@ -57,7 +59,7 @@ import zipfile
 import numpy as np
 
 from ..models import GPT, GPTConfig
-from ..optim import AdamW
+from ..optim import AdamW, CosineAnnealingLR, LinearLR, SequentialLR
 
 FORMAT = "npattn-gpt-char/1"     # the checkpoint's format tag (meta["format"])
 META = "meta"                    # the npz entry holding the JSON metadata
@@ -167,15 +169,29 @@ def optimizer(model, lr, weight_decay, betas=(0.9, 0.99)):
                   {"params": rest, "weight_decay": 0.0}], lr=lr, betas=betas)
 
 
-def learning_rate(step, steps, lr):
-    """Linear warmup over the first 10 % of the steps (at most 100), then cosine decay to
-    lr / 10 at the last step, as nanoGPT's ``get_lr``. ``step`` counts from 1.
-    # switch to npattn.optim's scheduler once merged"""
+def lr_schedule(opt, steps, lr):
+    """The scheduler of a ``steps``-step run at peak rate ``lr``: linear warmup over the first
+    W = min(100, steps // 10) steps, then cosine decay to lr / 10 at the last step, as
+    nanoGPT's ``get_lr``. Step s = 1 .. steps trains at
+
+        lr·s/W                                               s <= W
+        lr/10 + (lr - lr/10)·(1 + cos(π·(s - W)/(steps - W)))/2   s > W
+
+    Call ``step()`` after each ``opt.step()``, as in PyTorch: the rate of training step s is
+    the scheduler's value at its step e = s - 1. So the warmup is ``LinearLR`` from 1/W to 1
+    over W - 1 steps (e = 0 .. W - 1 is s = 1 .. W), and the cosine (``CosineAnnealingLR``,
+    T_max = steps - W) takes over at e = W - 1, where both give lr: its step e - (W - 1) is
+    s - W. Without a warmup (steps < 10) the cosine alone, already one step in at s = 1.
+    """
     warmup = min(100, steps // 10)
-    if step <= warmup:
-        return lr * step / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return lr / 10 + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - lr / 10)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    decay = CosineAnnealingLR(opt, T_max=steps - warmup, eta_min=lr / 10)
+    if warmup == 0:
+        decay.step()                                    # s = 1 is the cosine's step 1
+        return decay
+    ramp = LinearLR(opt, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1)
+    return SequentialLR(opt, [ramp, decay], milestones=[warmup - 1])
 
 
 def estimate_loss(model, data, block_size, batch_size, iters, rng):
@@ -346,7 +362,8 @@ def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS
           dtype=DEFAULTS["dtype"], sample_chars=200, write=print):
     """Train a character-level GPT on ``data`` (a path; None: the default corpus) and write the
     checkpoint ``out`` at every evaluation and at the end. Returns a dict of the losses, the
-    model, the vocabulary and timings. Raises UsageError on bad input, before writing."""
+    model, the vocabulary, timings and ``lrs``, each step's learning rate. Raises UsageError
+    on bad input, before writing."""
     text, description, vocab, train_ids, val_ids = prepare(data, block_size)
     if os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise UsageError(f"argument --out: must be a file in an existing directory; got {out!r}")
@@ -357,26 +374,29 @@ def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS
                 seed=np.random.default_rng([seed, 1]))
     batches = np.random.default_rng([seed, 2])
     opt = optimizer(model, lr, weight_decay)
+    schedule = lr_schedule(opt, steps, lr)
     settings = dict(corpus=description, steps=steps, batch_size=batch_size, lr=lr,
                     weight_decay=weight_decay, seed=seed)
     n_params = sum(p.data.size for p in model.parameters())
     write(f"corpus: {description}: {len(text):,} characters, vocabulary of {len(vocab)} "
           f"({len(train_ids):,} train, {len(val_ids):,} validation)")
-    write(f"model: {n_layer} layer{'s' if n_layer > 1 else ''}, {n_head} heads, n_embd {n_embd}, block {block_size}, "
+    write(f"model: {n_layer} layer{'s' if n_layer > 1 else ''}, {n_head} heads, "
+          f"n_embd {n_embd}, block {block_size}, "
           f"{n_params:,} parameters, {np.dtype(dtype).name}; {steps} steps of batch "
           f"{batch_size}, AdamW lr {lr:g} (warmup, cosine to {lr / 10:g}), seed {seed}")
     history = []
     tokens_per_step = batch_size * block_size
     start = last_time = time.perf_counter()
     train_seconds, last_step = 0.0, 0
+    lrs = []                                                    # the rate of each step
     for step in range(1, steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, steps, lr)
+        lrs.append(opt.param_groups[0]["lr"])
         x, y = get_batch(train_ids, block_size, batch_size, batches)
         model.zero_grad()
         _, loss = model(x, y)
         model.backward()
         opt.step()
+        schedule.step()
         if step % eval_interval == 0 or step == steps:
             now = time.perf_counter()
             train_seconds += now - last_time
@@ -408,7 +428,7 @@ def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS
         write(f"a sample ({sample_chars} characters, npattn gpt sample --checkpoint {out} for "
               f"more):\n{sample_text}")
     return dict(history=history, model=model, vocab=vocab, seconds=seconds, fingerprint=digest,
-                sample=sample_text)
+                sample=sample_text, lrs=lrs)
 
 
 # ------------------------------------------------------------------ sample

@@ -1,0 +1,331 @@
+"""Where npattn's GPT spends its time: a per-op profile of one training step and of generation.
+
+    python -m benchmarks.gpt_profile              # the baby config (4 layers, C 128, T 64, B 12)
+    python -m benchmarks.gpt_profile --six        # the 6-layer one (6, 6, 384, T 256, B 8)
+    python -m benchmarks.gpt_profile --quick      # 1 layer, C 32, T 16, B 2: seconds (a smoke run)
+
+The model, batch and AdamW are ``benchmarks/bench_gpt.py``'s train-step case (dropout 0,
+vocab 65), and the generation is its generate case (a prompt, then one token at a time through
+the KV cache), sampled with temperature 1 instead of greedily.
+
+**How it measures.** For the duration of the profile, every functional-layer entry point that
+``npattn/models/gpt.py`` and ``npattn/nn/*`` call is replaced, in the module that calls it
+(``npattn.nn.linear.linear_forward``, ``npattn.models.gpt.scaled_dot_product_attention_forward``
+...: ``TARGETS``), by a wrapper that times the call with ``time.perf_counter``; ``AdamW.step``
+and ``GPT._sample`` are wrapped on their classes. Everything is restored afterwards, also on an
+error. Each wrapper keeps the time *exclusive* of any wrapped call inside it, so nothing is
+counted twice. The step (``zero_grad``, forward, backward, ``AdamW.step``) is timed as a whole
+too, and "Python and NumPy glue" is the step minus the wrapped ops: the modules' Python, the
+residual adds, head splits and merges, ``zero_grad``, the checks of ``npattn/_checks.py`` that
+run outside the ops. A wrapper's own cost (two ``perf_counter`` calls and a few list
+operations) is measured on a no-op function and printed with the table; it falls partly inside
+the op's row and partly in the glue. cProfile is not used: its hook on every Python call costs
+more than many of the µs-long calls it would time.
+
+Reported: one row per op group (``GROUPS``) with calls per step, ms per step and its share
+of the step, and the mean time per call, so that per-call overhead shows: a 20 µs op called
+40 times a step costs what one 0.8 ms GEMM does. Each figure is the mean over the quieter half
+of ``--steps`` steps (those at or below the median step time; one warm-up step first loads
+the kernels): on a shared 2-core machine a parallel kernel whose thread lost its core stalls
+a step (a --quick step of ~2 ms took ~370 ms now and then on a 2-core AMD EPYC while another
+process ran), and a median taken row by row would mix rows of different steps, which no
+longer add up. Over whole steps they do: the glue row is each step's rest, and it is ≥ 0 when
+nothing was counted twice. The unwrapped steps are measured too, alternating with the wrapped
+ones: the difference is the profile's own cost.
+
+The GPT calls no standalone softmax: attention's softmax is inside the fused SDPA kernels
+(``attention fwd``/``bwd``), and sampling's is NumPy in ``GPT._sample`` (the ``sampling`` row).
+"""
+import argparse
+import importlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+#: Row order of the tables; "glue" is what no wrapper timed.
+GROUPS = ("linear (GEMM)", "attention fwd", "attention bwd", "layer_norm", "gelu",
+          "cross_entropy", "embedding", "softmax", "dropout", "AdamW", "sampling (NumPy)")
+GLUE = "Python and NumPy glue"
+
+#: (module, attribute, group): the functional entry points the GPT's modules call, in the
+#: module that calls them (``from ..functional.x import f`` binds f there, so that is where it
+#: must be replaced). A rename in npattn makes the profile fail here, not silently miscount.
+TARGETS = (
+    ("npattn.nn.linear", "linear_forward", "linear (GEMM)"),
+    ("npattn.nn.linear", "linear_backward", "linear (GEMM)"),
+    ("npattn.models.gpt", "linear_forward", "linear (GEMM)"),                  # decode
+    ("npattn.models.gpt", "scaled_dot_product_attention_forward", "attention fwd"),
+    ("npattn.models.gpt", "scaled_dot_product_attention_backward", "attention bwd"),
+    ("npattn.nn.normalization", "layer_norm_forward", "layer_norm"),
+    ("npattn.nn.normalization", "layer_norm_backward", "layer_norm"),
+    ("npattn.models.gpt", "layer_norm_forward", "layer_norm"),                 # decode
+    ("npattn.models.gpt", "gelu_forward", "gelu"),
+    ("npattn.models.gpt", "gelu_backward", "gelu"),
+    ("npattn.models.gpt", "cross_entropy_forward", "cross_entropy"),
+    ("npattn.models.gpt", "cross_entropy_backward", "cross_entropy"),
+    ("npattn.nn.embedding", "embedding_forward", "embedding"),
+    ("npattn.nn.embedding", "embedding_backward", "embedding"),
+    ("npattn.models.gpt", "embedding_forward", "embedding"),                   # decode
+    ("npattn.nn.dropout", "dropout_forward", "dropout"),
+    ("npattn.nn.dropout", "dropout_backward", "dropout"),
+)
+#: (module, class, method, group): methods wrapped on their class.
+METHODS = (
+    ("npattn.optim", "AdamW", "step", "AdamW"),
+    ("npattn.models.gpt", "GPT", "_sample", "sampling (NumPy)"),
+)
+
+
+class Recorder:
+    """Exclusive time and calls per group since the last ``reset``.
+
+    ``stack`` holds, for each wrapped call in progress, the time its wrapped callees took, so
+    that an outer wrapper subtracts them (exclusive time) and nothing is counted twice."""
+
+    def __init__(self):
+        self.stack = []
+        self.reset()
+
+    def reset(self):
+        self.seconds = dict.fromkeys(GROUPS, 0.0)
+        self.calls = dict.fromkeys(GROUPS, 0)
+
+    def wrap(self, fn, group):
+        stack, clock = self.stack, time.perf_counter
+
+        def timed(*args, **kwargs):
+            stack.append(0.0)
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                took = clock() - start
+                inner = stack.pop()
+                self.seconds[group] += took - inner
+                self.calls[group] += 1
+                if stack:
+                    stack[-1] += took                   # the caller's wrapped callee time
+        timed.__wrapped__ = fn
+        return timed
+
+
+class patched:
+    """``with patched(recorder):`` every TARGETS and METHODS entry wrapped, restored on exit."""
+
+    def __init__(self, recorder, targets=TARGETS, methods=METHODS):
+        self.recorder, self.targets, self.methods = recorder, targets, methods
+        self.saved = []
+
+    def __enter__(self):
+        try:
+            for module, name, group in self.targets:
+                owner = importlib.import_module(module)
+                self._replace(owner, name, self.recorder.wrap(getattr(owner, name), group))
+            for module, cls, name, group in self.methods:
+                owner = getattr(importlib.import_module(module), cls)
+                fn = getattr(owner, name)            # a staticmethod comes back as a function
+                wrapped = self.recorder.wrap(fn, group)
+                if isinstance(owner.__dict__.get(name), staticmethod):
+                    wrapped = staticmethod(wrapped)
+                self._replace(owner, name, wrapped)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _replace(self, owner, name, value):
+        # (owner, name, what owner's own __dict__ held, or a marker: inherited from a base)
+        self.saved.append((owner, name, owner.__dict__.get(name, patched)))
+        setattr(owner, name, value)
+
+    def __exit__(self, *exc):
+        while self.saved:                           # last patched first: nested wraps unwind
+            owner, name, value = self.saved.pop()
+            if value is patched:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+        return False
+
+
+def wrapper_cost(recorder, calls=20000):
+    """Seconds a wrapper adds to one call: a wrapped no-op minus the bare no-op (median of 5)."""
+    def noop():
+        return None
+    timed = recorder.wrap(noop, GROUPS[0])
+    costs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            noop()
+        bare = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(calls):
+            timed()
+        costs.append((time.perf_counter() - start - bare) / calls)
+    recorder.reset()
+    return statistics.median(costs)
+
+
+class Profile:
+    """The per-step record of one workload: ``totals`` (s), ``seconds[group]`` and
+    ``calls[group]`` lists (one entry per step), and the unwrapped steps' ``plain`` (s)."""
+
+    def __init__(self, name, unit):
+        self.name, self.unit = name, unit
+        self.totals, self.plain = [], []
+        self.seconds = {g: [] for g in GROUPS}
+        self.calls = {g: [] for g in GROUPS}
+
+    def add(self, total, recorder):
+        self.totals.append(total)
+        for g in GROUPS:
+            self.seconds[g].append(recorder.seconds[g])
+            self.calls[g].append(recorder.calls[g])
+
+    def quiet(self):
+        """The steps at or below the median step time: the quieter half of the run. On a
+        shared machine a step that lost its CPU for a while is dropped whole, not just the op
+        that was running, so the rows of the remaining steps still add up to their step."""
+        median = statistics.median(self.totals)
+        return [i for i, t in enumerate(self.totals) if t <= median]
+
+    def rows(self):
+        """[(group, calls per step, ms per step, % of the step, mean µs per call)] for the
+        groups that were called, then the glue (calls None), each the mean over the quiet
+        steps; and that mean step in ms. The rows add up to the step (the glue is its rest)."""
+        keep = self.quiet()
+
+        def mean(values):
+            return sum(values[i] for i in keep) / len(keep)
+        step = mean(self.totals) * 1e3
+        rows = []
+        for g in GROUPS:
+            calls = mean(self.calls[g])
+            if calls:
+                ms = mean(self.seconds[g]) * 1e3
+                rows.append((g, calls, ms, 100 * ms / step, ms / calls * 1e3))
+        glue = step - sum(mean(self.seconds[g]) * 1e3 for g in GROUPS)
+        rows.append((GLUE, None, glue, 100 * glue / step, None))
+        return rows, step
+
+    def table(self, cost):
+        rows, step = self.rows()
+        calls = sum(c for _, c, *_ in rows if c)
+        plain = statistics.mean(sorted(self.plain)[:len(self.quiet())]) * 1e3
+        out = [f"**{self.name}**: {step:.2f} ms per {self.unit}, the mean of the quieter "
+               f"{len(self.quiet())} of {len(self.totals)} {self.unit}s ({plain:.2f} ms without "
+               f"the wrappers, likewise); {calls:g} wrapped calls per {self.unit}, "
+               f"{cost * 1e6:.2f} µs of wrapper each ({calls * cost * 1e3:.3f} ms)", "",
+               f"| op | calls per {self.unit} | ms per {self.unit} | % of {self.unit} | "
+               f"µs per call |", "|---|---:|---:|---:|---:|"]
+        for group, n, ms, share, per_call in rows:
+            out.append(f"| {group} | {'' if n is None else f'{n:g}'} | {ms:.3f} | "
+                       f"{share:.1f} | {'' if per_call is None else f'{per_call:.1f}'} |")
+        out.append(f"| sum of the rows | {calls:g} | {sum(r[2] for r in rows):.3f} | "
+                   f"{sum(r[3] for r in rows):.1f} | |")
+        out.append(f"| {self.unit} (measured) | | {step:.3f} | 100.0 | |")
+        return "\n".join(out)
+
+
+def _measure(profile, recorder, run, steps):
+    """run() once to warm up, then ``steps`` times wrapped (``profile.add``) and ``steps``
+    times bare (``profile.plain``), alternating, so that drift hits both alike."""
+    with patched(recorder):
+        run()                                       # warm-up: kernels load (or compile)
+    for _ in range(steps):
+        with patched(recorder):
+            recorder.reset()
+            start = time.perf_counter()
+            run()
+            profile.add(time.perf_counter() - start, recorder)
+        start = time.perf_counter()
+        run()
+        profile.plain.append(time.perf_counter() - start)
+
+
+def profile_train(sizes, steps, recorder=None):
+    """Profile of ``steps`` training steps of bench_gpt's train-step case at ``sizes`` =
+    (n_layer, n_head, n_embd, block_size, batch)."""
+    from npattn import optim
+    from npattn.models import GPT
+
+    from .bench_gpt import BETAS, LR, VOCAB, config, decay_groups
+    n_layer, n_head, n_embd, block_size, batch = sizes
+    model = GPT(config(n_layer, n_head, n_embd, block_size), rng=0, seed=0)
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, VOCAB, (batch, block_size))                    # (B, T)
+    y = rng.integers(0, VOCAB, (batch, block_size))
+    params = list(model.parameters())
+    opt = optim.AdamW(decay_groups([p for p in params if p.data.ndim >= 2],
+                                   [p for p in params if p.data.ndim < 2]), lr=LR, betas=BETAS)
+
+    def step():
+        model.zero_grad()
+        model(x, y)
+        model.backward()
+        opt.step()
+    profile = Profile(f"train step L{n_layer} H{n_head} C{n_embd} T{block_size} B{batch}",
+                      "step")
+    _measure(profile, recorder or Recorder(), step, steps)
+    return profile
+
+
+def profile_generate(sizes, steps, recorder=None):
+    """Profile of ``steps`` generations of bench_gpt's generate case at ``sizes`` =
+    (n_layer, n_head, n_embd, block_size, prompt, new), sampled (temperature 1, seed 0)."""
+    from npattn.models import GPT
+
+    from .bench_gpt import VOCAB, config
+    n_layer, n_head, n_embd, block_size, prompt, new = sizes
+    model = GPT(config(n_layer, n_head, n_embd, block_size), rng=0)
+    idx = np.random.default_rng(2).integers(0, VOCAB, (1, prompt))    # (1, prompt)
+    profile = Profile(f"generate L{n_layer} H{n_head} C{n_embd} T{block_size} "
+                      f"{prompt}→+{new} tokens", "generation")
+    _measure(profile, recorder or Recorder(), lambda: model.generate(idx, new, seed=0), steps)
+    return profile
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpt_profile",
+                                     description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--six", action="store_true",
+                      help="the 6-layer config (n_layer 6, n_head 6, n_embd 384, block 256, "
+                           "batch 8) instead of the baby one")
+    size.add_argument("--quick", action="store_true",
+                      help="1 layer, n_embd 32, block 16, batch 2, 5 steps: a smoke run")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="profiled steps (and generations) after the warm-up "
+                             "(default 11; 5 with --quick)")
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"argument --steps: must be at least 1; got {args.steps}")
+    return args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    import numba
+
+    from .bench_gpt import BABY, GEN_BABY, GEN_QUICK, GEN_SIX, SIX, TRAIN_QUICK
+    from .machine import cpu_model, git_commit
+    train, gen = ((TRAIN_QUICK, GEN_QUICK) if args.quick else (SIX, GEN_SIX) if args.six
+                  else (BABY, GEN_BABY))
+    steps = args.steps or (5 if args.quick else 11)
+    recorder = Recorder()
+    cost = wrapper_cost(recorder)
+    profiles = [profile_train(train, steps, recorder), profile_generate(gen, steps, recorder)]
+    print(f"npattn GPT per-op profile, float32, {steps} steps after a warm-up\n"
+          f"{cpu_model()}; {numba.get_num_threads()} threads; Numba {numba.__version__}; "
+          f"commit {git_commit()}\ncommand: python -m benchmarks.gpt_profile {' '.join(argv)}")
+    for profile in profiles:
+        print("\n" + profile.table(cost))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
