@@ -128,33 +128,70 @@ def mills(y):
 
 
 @fma_kernel
-def normal_parts(x):
-    # (c, f, m) with Φ(x) = c·m and φ(x) = f·m for one float64 x: the normal CDF ½·erfc(−x/√2)
-    # and density. m is 2^−BIAS for x < 0, where c and f are scaled up by 2^BIAS so that
-    # x·Φ and Φ + x·φ round once even where Φ and φ are subnormal; 1 for x >= 0
-    far = abs(x) > FAR                          # also ±inf; False for NaN, which flows through
-    a = 0.0 if far else abs(x)
+def half_square_exp(a):
+    # (p, s) with exp(−a²/2) = p·s·2^−BIAS for float64 a in [0, FAR]: a² split exactly (see
+    # the module docstring), its rest added to the reduced argument
     ah = np.int64(np.float64(a).view(np.int64) & HIGH_BITS).view(np.float64)
     al = a - ah
-    p, s = exp_scaled(-0.5 * (ah * ah), -0.5 * (al * (a + ah)))   # exp(−a²/2) = p·s·2^−BIAS
+    return exp_scaled(-0.5 * (ah * ah), -0.5 * (al * (a + ah)))
+
+
+@fma_kernel
+def tail_ratio(a):
+    # Q(a)·exp(a²/2) = g(y)/(K + a) for float64 a in [0, FAR], y = (K − a)/(K + a)
     d = K + a
     rest = min(K, a) - (d - max(K, a))          # K + a = d + rest exactly (Fast2Sum)
     inv = 1.0 / d
     inv = inv - rest * inv * inv                # 1/(K + a), with rest
-    g = mills((2.0 * K) * inv - 1.0)            # y = (K − a)/(K + a) = 2K/(K + a) − 1
-    qb = p * (g * inv) * s                      # Q(a) = ½·erfc(a/√2) = qb·2^−BIAS
-    fb = p * INV_SQRT_2PI * s                   # φ = fb·2^−BIAS
-    if far:
-        return (0.0 if x < 0.0 else 1.0), 0.0, 1.0
-    if x < 0.0:
-        return qb, fb, UNBIAS
-    return 1.0 - qb * UNBIAS, fb * UNBIAS, 1.0
+    return mills((2.0 * K) * inv - 1.0) * inv   # y = 2K/(K + a) − 1
+
+
+# The loops. Each block function runs one form and direction over out[start:stop] and is
+# vectorised whole: its helpers are small enough for LLVM to inline (one function holding
+# them all is not, and a call left in the loop keeps it scalar), and its own arithmetic is
+# compiled with `contract` only, as fma_kernel's (the prange kernels below add `reassoc`,
+# which could undo the Fast2Sum and the order of the polynomials). For the normal form,
+# c·2^−BIAS is Φ for x < 0 (c = Q(a)·2^BIAS) and 1 − c·2^−BIAS is Φ for x >= 0, f·2^−BIAS is
+# φ; x·Φ and Φ + x·φ are scaled down last, so each rounds once, subnormal or not.
+
+@fma_kernel
+def normal_forward_block(x, out, start, stop):
+    # out[t] = x[t]·Φ(x[t]) for t in [start, stop)
+    for t in range(start, stop):
+        v = np.float64(x[t])
+        far = abs(v) > FAR                      # also ±inf; False for NaN, which flows through
+        a = 0.0 if far else abs(v)
+        p, s = half_square_exp(a)
+        c = 0.0 if far else p * tail_ratio(a) * s
+        if v < 0.0:                             # (one store, after the branches: the
+            y = (v * c) * UNBIAS if c != 0.0 else -0.0   # float32 loop stays vectorised)
+        else:                                   # −inf·0 above: the limit, −0
+            y = v * (1.0 - c * UNBIAS)
+        out[t] = y
+
+
+@fma_kernel
+def normal_backward_block(dout, x, dx, start, stop):
+    # dx[t] = dout[t]·(Φ + x·φ)(x[t]) for t in [start, stop)
+    for t in range(start, stop):
+        v = np.float64(x[t])
+        far = abs(v) > FAR
+        a = 0.0 if far else abs(v)
+        p, s = half_square_exp(a)
+        c = 0.0 if far else p * tail_ratio(a) * s
+        f = p * INV_SQRT_2PI * s
+        xf = 0.0 if far else v * f              # ±inf·0: the limit, 0
+        if v < 0.0:
+            slope = (c + xf) * UNBIAS
+        else:
+            slope = (1.0 - c * UNBIAS) + xf * UNBIAS
+        dx[t] = np.float64(dout[t]) * slope
 
 
 @fma_kernel
 def tanh_parts(x):
-    # (c, f, m) with Φ(x) = c·m and Φ'(x) = f·m of the tanh form for one float64 x, as
-    # normal_parts: m = 2^−BIAS for u < 0, where e/(1 + e) may be subnormal
+    # (c, f, m) with Φ(x) = c·m and Φ'(x) = f·m of the tanh form for one float64 x: m is
+    # 2^−BIAS for u < 0, where Φ = e/(1 + e) may be subnormal, else 1
     u = SQRT_2_PI * (x + COEFF * x * x * x)
     h = -2.0 * abs(u)                           # NaN for x = NaN, −inf for |x| = inf
     under = h < LOWEST                          # e = exp(h) is 0 (x³ may have overflowed)
@@ -163,29 +200,41 @@ def tanh_parts(x):
     e = eb * UNBIAS
     inv = 1.0 / (1.0 + e)
     du = SQRT_2_PI * (1.0 + 3.0 * COEFF * x * x)
-    w, m = (eb, UNBIAS) if u < 0.0 else (e, 1.0)   # e, scaled as Φ is
+    negative = u < 0.0
+    w = eb if negative else e                   # e, scaled as Φ is
     # Φ = e/(1 + e) for u < 0, 1/(1 + e) else; Φ' = 2e/(1 + e)²·u', 0 where e is: |u| ≫ 1
     # (u' may be inf there)
     f = 0.0 if w == 0.0 else 2.0 * w * inv * inv * du
-    return (w * inv if u < 0.0 else inv), f, m
+    return (w * inv if negative else inv), f, (UNBIAS if negative else 1.0)
+
+
+@fma_kernel
+def tanh_forward_block(x, out, start, stop):
+    for t in range(start, stop):
+        v = np.float64(x[t])
+        c, _, m = tanh_parts(v)
+        out[t] = (v * c) * m if c != 0.0 else -0.0
+
+
+@fma_kernel
+def tanh_backward_block(dout, x, dx, start, stop):
+    for t in range(start, stop):
+        v = np.float64(x[t])
+        c, f, m = tanh_parts(v)
+        slope = (c + v * f) * m if f != 0.0 else c * m
+        dx[t] = np.float64(dout[t]) * slope
 
 
 @parallel_kernel
 def gelu_forward_kernel(x, tanh_form, out):
-    # x (N,) -> out (N,): out = x·Φ(x). One inner loop per form, each vectorised whole
+    # x (N,) -> out (N,): out = x·Φ(x)
     n = x.shape[0]
     for blk in prange((n + BLOCK - 1) // BLOCK):   # each iteration owns one block of out
         start, stop = blk * BLOCK, min(blk * BLOCK + BLOCK, n)
         if tanh_form:
-            for t in range(start, stop):
-                v = np.float64(x[t])
-                c, _, m = tanh_parts(v)
-                out[t] = (v * c) * m if c != 0.0 else -0.0    # −inf·0: the limit, −0
+            tanh_forward_block(x, out, start, stop)
         else:
-            for t in range(start, stop):
-                v = np.float64(x[t])
-                c, _, m = normal_parts(v)
-                out[t] = (v * c) * m if c != 0.0 else -0.0
+            normal_forward_block(x, out, start, stop)
 
 
 @parallel_kernel
@@ -196,14 +245,6 @@ def gelu_backward_kernel(dout, x, tanh_form, dx):
     for blk in prange((n + BLOCK - 1) // BLOCK):   # each iteration owns one block of dx
         start, stop = blk * BLOCK, min(blk * BLOCK + BLOCK, n)
         if tanh_form:
-            for t in range(start, stop):
-                v = np.float64(x[t])
-                c, f, m = tanh_parts(v)
-                slope = (c + v * f) * m if f != 0.0 else c * m    # ±inf·0: the limit, 0
-                dx[t] = np.float64(dout[t]) * slope
+            tanh_backward_block(dout, x, dx, start, stop)
         else:
-            for t in range(start, stop):
-                v = np.float64(x[t])
-                c, f, m = normal_parts(v)
-                slope = (c + v * f) * m if f != 0.0 else c * m
-                dx[t] = np.float64(dout[t]) * slope
+            normal_backward_block(dout, x, dx, start, stop)
