@@ -45,7 +45,11 @@ def all_kernels():
 FMA_ONLY = {*(f"micro_{mr}x{nr}" for mr, nr in tiles.TILES.values()),
             *(f"micro_add_{mr}x{nr}" for mr, nr in tiles.TILES.values()), "exp_parts", "exp_one",
             "exp_nonpositive", "exp_shifted", "exp_parts_f32", "exp_one_f32", "exp_nonpositive_f32",
-            "exp_shifted_f32"}
+            "exp_shifted_f32", "exp_series",
+            # kernels/gelu.py: the polynomials, the Fast2Sum, and the loops that inline them
+            "exp_scaled", "mills", "half_square_exp", "tail_ratio", "tanh_parts",
+            "normal_forward_block", "normal_backward_block", "tanh_forward_block",
+            "tanh_backward_block"}
 
 
 def test_fastmath_never_assumes_finite_math():

@@ -28,10 +28,9 @@ UNDERFLOW = -708.0                    # exp(-708) ≈ 3.3e-308, still a normal f
 
 
 @fma_kernel
-def exp_parts(xv):
-    # (p, bits) with exp(xv) = p · 2^t for float64 xv in [UNDERFLOW, 0]; bits: those of 2^t
-    t = np.floor(xv * LOG2E + 0.5)
-    r = (xv - t * LN2_HI) - t * LN2_LO
+def exp_series(r):
+    # exp(r) for |r| <= ln(2)/2 (and a little beyond: kernels/gelu.py's r carries a tail of up
+    # to 3e-5), the Taylor series of exp_parts
     p = 1.0 / 6227020800.0                    # 1/13!, then Horner down to 1/0!
     p = p * r + 1.0 / 479001600.0
     p = p * r + 1.0 / 39916800.0
@@ -45,8 +44,15 @@ def exp_parts(xv):
     p = p * r + 1.0 / 6.0
     p = p * r + 0.5
     p = p * r + 1.0
-    p = p * r + 1.0
-    return p, (np.int64(t) + 1023) << 52      # the bits of the float64 2^t
+    return p * r + 1.0
+
+
+@fma_kernel
+def exp_parts(xv):
+    # (p, bits) with exp(xv) = p · 2^t for float64 xv in [UNDERFLOW, 0]; bits: those of 2^t
+    t = np.floor(xv * LOG2E + 0.5)
+    r = (xv - t * LN2_HI) - t * LN2_LO
+    return exp_series(r), (np.int64(t) + 1023) << 52      # the bits of the float64 2^t
 
 
 @fma_kernel
