@@ -333,8 +333,8 @@ class ItemKernel(ThreadSafeKernel):
     are kept per :func:`_arg_key` of the arguments, with the compile results that own the
     code, so that a call costs a dictionary look-up and a launch whose arguments are all
     arrays and numbers. (An earlier version passed each body as a first-class function value:
-    Numba then unboxes it through two Python calls that unpickle its signature, ~20 µs per
-    body per call, the whole cost of a small product.) The loop calls a body with
+    Numba then unboxes it through two Python calls that unpickle its signature, at every
+    call: tens of µs, most of a small product's time; docs/architecture.md §8.2.) The loop calls a body with
     :func:`call_body`.
     """
 
