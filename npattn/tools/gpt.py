@@ -47,7 +47,6 @@ Not yet here: gradient clipping (``nn.utils.clip_grad_norm_``).
 """
 import argparse
 import hashlib
-import io
 import json
 import math
 import os
