@@ -17,7 +17,8 @@ from . import reference
 from .functional.attention import (attention, attention_backward, attention_forward,
                                    scaled_dot_product_attention,
                                    scaled_dot_product_attention_backward,
-                                   scaled_dot_product_attention_forward)
+                                   scaled_dot_product_attention_forward,
+                                   scaled_dot_product_attention_with_kv_cache)
 from .functional.cross_entropy import (cross_entropy, cross_entropy_backward,
                                        cross_entropy_forward)
 from .functional.dropout import dropout, dropout_backward, dropout_forward, dropout_mask
@@ -54,7 +55,7 @@ __all__ = [
     "log_softmax", "log_softmax_forward", "log_softmax_backward",
     "dropout", "dropout_forward", "dropout_backward", "dropout_mask",
     "scaled_dot_product_attention", "scaled_dot_product_attention_forward",
-    "scaled_dot_product_attention_backward",
+    "scaled_dot_product_attention_backward", "scaled_dot_product_attention_with_kv_cache",
     "attention", "attention_forward", "attention_backward",
     "embedding", "embedding_forward", "embedding_backward",
     "cross_entropy", "cross_entropy_forward", "cross_entropy_backward",

@@ -35,6 +35,8 @@ def converted(name, value, expected, convert=np.asarray, **options):
 
 def float_array(name, value):
     """``value`` as a float32/float64 ndarray (no copy when it already is one)."""
+    if type(value) is np.ndarray and value.dtype in FLOAT_DTYPES:   # the common case, at once
+        return value
     if value is None:
         raise TypeError(f"{name} must be a float32 or float64 array; got None")
     arr = converted(name, value, "a float32 or float64 array")
@@ -67,7 +69,7 @@ def contiguous(*arrays):
     Read-only inputs are copied too: Numba types a read-only array differently and would
     compile every kernel again for each mix of read-only and writeable arguments (~1 s each).
     """
-    out = tuple(None if a is None else
+    out = tuple(a if a is None or (a.flags.c_contiguous and a.flags.writeable) else
                 np.ascontiguousarray(a).reshape(a.shape) if a.flags.writeable  # 0-d stays 0-d
                 else np.array(a, order="C")
                 for a in arrays)
@@ -340,6 +342,79 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
                 scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
                 seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
                 out_ndim=max(query.ndim, key.ndim, value.ndim))
+
+
+def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_causal, scale,
+                  enable_gqa):
+    """scaled_dot_product_attention_with_kv_cache's arguments, checked: query (..., H, L, E),
+    key_cache (..., Hkv, Smax, E), value_cache (..., Hkv, Smax, Ev) with the same batch dims
+    (no broadcasting: a cache belongs to its sequences), the caches C-contiguous and writeable
+    ndarrays (they are written in place, and read without a copy), and the new key (..., Hkv,
+    L, E) and value (..., Hkv, L, Ev), both or neither, fitting at cache_length. Returns
+    (query, key_cache, value_cache, key, value, n_keys, is_causal, scale): query, key and value
+    C-contiguous; n_keys the live keys after the write."""
+    query = float_array("query", query)
+    min_ndim("query", query, 3, "(..., H, L, E)")
+    lead, (heads, n_rows, width) = query.shape[:-3], query.shape[-3:]
+    caches = []
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if not isinstance(cache, np.ndarray):
+            raise TypeError(f"{name} must be a NumPy array (it is written in place); got "
+                            f"{type(cache).__name__}")
+        cache = float_array(name, cache)
+        same_dtype(name, cache, "query", query)
+        if cache.ndim != query.ndim or cache.shape[:-3] != lead:
+            raise ValueError(f"{name} must have shape {lead + ('Hkv', 'Smax', '·')} to match "
+                             f"query {query.shape}; got {cache.shape}")
+        if not (cache.flags.c_contiguous and cache.flags.writeable):
+            raise ValueError(f"{name} must be a C-contiguous, writeable array (it is written "
+                             f"in place and read without a copy); got one that is "
+                             f"{'not C-contiguous' if not cache.flags.c_contiguous else 'read-only'}")
+        caches.append(cache)
+    key_cache, value_cache = caches
+    kv_heads, capacity = key_cache.shape[-3:-1]
+    if key_cache.shape[-1] != width:
+        raise ValueError(f"key_cache must have shape (..., Hkv, Smax, {width}) to match query "
+                         f"(..., H, L, {width}); got {key_cache.shape}")
+    if value_cache.shape[-3:-1] != (kv_heads, capacity):
+        raise ValueError(f"value_cache must have shape (..., {kv_heads}, {capacity}, Ev) to "
+                         f"match key_cache {key_cache.shape}; got {value_cache.shape}")
+    enable_gqa = flag("enable_gqa", enable_gqa)
+    if heads != kv_heads:
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(f"query's heads (dim -3) must be a multiple of the caches'; got "
+                             f"query {query.shape}, key_cache {key_cache.shape}")
+        if not enable_gqa and kv_heads != 1:
+            raise ValueError(f"query has {heads} heads and the caches {kv_heads}: pass "
+                             f"enable_gqa=True for grouped-query attention; got query "
+                             f"{query.shape}, key_cache {key_cache.shape}")
+    if (key is None) != (value is None):
+        raise ValueError(f"key and value must be given together (the new entries of both "
+                         f"caches) or both be None; got key "
+                         f"{'None' if key is None else 'an array'} and value "
+                         f"{'None' if value is None else 'an array'}")
+    new = 0 if key is None else n_rows
+    cache_length = int_value("cache_length", cache_length)
+    if not 0 <= cache_length <= capacity - new:
+        raise ValueError(f"cache_length must be in [0, {capacity - new}] (the caches hold "
+                         f"Smax = {capacity} positions{f', and {new} new ones are written at cache_length' if new else ''}); "
+                         f"got {cache_length}")
+    if key is not None:
+        key = float_array("key", key)
+        value = float_array("value", value)
+        same_dtype("key", key, "query", query)
+        same_dtype("value", value, "query", query)
+        exact_shape("key", key, lead + (kv_heads, n_rows, width),
+                    "(the caches' batch and heads, query's L and E)")
+        exact_shape("value", value, lead + (kv_heads, n_rows, value_cache.shape[-1]),
+                    "(the caches' batch and heads, query's L, value_cache's Ev)")
+        key, value = contiguous(key, value)
+    if scale is not None:
+        scale = real_float("scale", scale, "a real number or None")
+    else:
+        scale = 1.0 / math.sqrt(width) if width else 1.0
+    return (contiguous(query), key_cache, value_cache, key, value, cache_length + new,
+            flag("is_causal", is_causal), scale)
 
 
 # ---------------------------------------------------------------- embedding, cross-entropy, norm

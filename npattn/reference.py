@@ -264,6 +264,31 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     return dquery, dkey, dvalue, dmask
 
 
+def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, cache_length,
+                                               key=None, value=None, is_causal=False,
+                                               scale=None, enable_gqa=False):
+    """The decode step against a KV cache: ``(output, logsumexp, key_cache', value_cache')``.
+
+    The caches after the write are copies with key and value (if given) at positions
+    cache_length .. cache_length + L; the n = cache_length (+ L) live keys are then attended
+    as scaled_dot_product_attention_forward(query, key_cache'[..., :n, :], value_cache'[...,
+    :n, :], is_causal=is_causal, causal_alignment="bottom-right").
+    Shapes: query (..., H, L, E) · key_cache (..., Hkv, Smax, E) · value_cache (..., Hkv,
+    Smax, Ev) · key (..., Hkv, L, E) · value (..., Hkv, L, Ev) -> output (..., H, L, Ev),
+    logsumexp (..., H, L), and the caches' shapes.
+    """
+    key_cache, value_cache = key_cache.copy(), value_cache.copy()
+    n = cache_length
+    if key is not None:
+        n += query.shape[-2]
+        key_cache[..., cache_length:n, :] = key
+        value_cache[..., cache_length:n, :] = value
+    output, logsumexp = scaled_dot_product_attention_forward(
+        query, key_cache[..., :n, :], value_cache[..., :n, :], is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, causal_alignment="bottom-right")
+    return output, logsumexp, key_cache, value_cache
+
+
 # ------------------------------------------------------------------------- embedding
 
 def embedding_forward(indices, weight, padding_idx=None):

@@ -55,6 +55,7 @@ import math
 import numpy as np
 
 from .. import _checks
+from ..kernels.decode import decode_attention_kernel
 from ..kernels.random import keep_threshold, kept_scale, stream_key
 from ..kernels.tiles import engine
 
@@ -68,6 +69,10 @@ NO_FLOAT = {np.dtype(t): np.zeros((1, 1, 1), t) for t in (np.float32, np.float64
 #: ordinary attention are far smaller, so the rerun in scaled_dot_product_attention_backward
 #: costs nothing in the common case.
 LSE_EXACT = {np.dtype(t): 512.0 for t in (np.float32, np.float64)}
+#: The decode path (kernels/decode.py) cuts each head's keys into chunks of at least
+#: DECODE_MIN_CHUNK keys, as many as make about DECODE_ITEMS work items over all heads.
+DECODE_ITEMS = 8
+DECODE_MIN_CHUNK = 64
 
 
 def _stack(x, batch, lead_ndim):
@@ -338,3 +343,57 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
 
 
 attention_forward = attention
+
+
+def decode_chunk(n_heads, n_keys):
+    """Keys per chunk of the decode path for n_heads (b, h) pairs and n_keys live keys: a
+    function of the shapes only, so the merge order -- and the bits -- never depend on the
+    thread count."""
+    splits = -(-DECODE_ITEMS // max(n_heads, 1))
+    return max(DECODE_MIN_CHUNK, -(-n_keys // splits))
+
+
+def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, cache_length,
+                                               key=None, value=None, *, is_causal=False,
+                                               scale=None, enable_gqa=False):
+    """``(output, logsumexp)`` of L new query rows against a KV cache -- the decode step of a
+    generating transformer -- after writing the new ``key`` and ``value`` rows (if given) into
+    the caches in place at positions cache_length .. cache_length + L (as flash-attn's
+    ``flash_attn_with_kvcache``).
+
+    Shapes: query (..., H, L, E) · key_cache (..., Hkv, Smax, E) · value_cache (..., Hkv,
+    Smax, Ev) · key (..., Hkv, L, E) · value (..., Hkv, L, Ev) -> output (..., H, L, Ev),
+    logsumexp (..., H, L)
+
+    The live keys are the first n = cache_length (+ L with key and value) of each cache. With
+    ``is_causal``, query row i is at position n - L + i and sees keys j <= n - L + i (the
+    bottom-right rule of ``scaled_dot_product_attention``'s ``causal_alignment``); without
+    it every live key. The result is that of scaled_dot_product_attention_forward(query,
+    key_cache[..., :n, :], value_cache[..., :n, :], is_causal=is_causal, causal_alignment=
+    "bottom-right", ...), computed without copying the caches, by a kernel made for few rows:
+    each head's keys are cut into chunks (by the shapes only), computed apart on every thread
+    and merged by their logsumexp (kernels/decode.py). The caches are C-contiguous, writeable
+    arrays of query's dtype with query's batch dims (no broadcasting). Inference only: for a
+    gradient, scaled_dot_product_attention_backward takes the same arguments as a plain call.
+    """
+    (query, key_cache, value_cache, key, value, n_keys, causal,
+     scale) = _checks.kv_cache_args(query, key_cache, value_cache, cache_length, key, value,
+                                    is_causal, scale, enable_gqa)
+    *lead, heads, n_rows, _ = query.shape
+    if key is not None:                                   # the new entries, in place
+        key_cache[..., n_keys - n_rows:n_keys, :] = key
+        value_cache[..., n_keys - n_rows:n_keys, :] = value
+    n_batch = math.prod(lead)
+    q4 = query.reshape(n_batch, heads, n_rows, query.shape[-1])        # (B, H, L, E)
+    k4 = key_cache.reshape((n_batch,) + key_cache.shape[-3:])          # (B, Hkv, Smax, E)
+    v4 = value_cache.reshape((n_batch,) + value_cache.shape[-3:])      # (B, Hkv, Smax, Ev)
+    n_vcols = v4.shape[3]
+    out = np.empty((n_batch, heads, n_rows, n_vcols), query.dtype)
+    stats = np.empty((n_batch, heads, n_rows, 3), query.dtype)          # lse, max, sum
+    chunk = decode_chunk(n_batch * heads, n_keys)
+    n_chunks = max(1, -(-n_keys // chunk))
+    parts = np.empty((n_batch, heads, n_chunks, n_rows, n_vcols + 2), query.dtype)
+    if out.size or stats.size:
+        decode_attention_kernel(q4, k4, v4, n_keys, causal, scale, chunk, out, stats, parts)
+    return (out.reshape(tuple(lead) + (heads, n_rows, n_vcols)),
+            stats[..., 0].reshape(tuple(lead) + (heads, n_rows)))

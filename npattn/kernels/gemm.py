@@ -71,6 +71,11 @@ MC_MAX = 192  # rows per work item at most: an A block of 192×256 float32 is 19
 #: packing costs more than it saves there (measured: 10×64×256 9 µs vs 19 µs packed; 64×64×256
 #: 28 vs 29; 64×128×256 48 vs 47). A·B and Aᵀ·B have no such fast unpacked form.
 SMALL = 1 << 20
+#: small_dot_kernel splits the columns when fewer pairs of rows than this, so that a decoded
+#: token (one row) runs on every thread (measured on Zen 4, one row 384 · 1152×384 float32,
+#: the kernel alone: 33.5 µs on 1 thread, 16 µs on 2; 1 thread was all one row had before)
+SMALL_ITEMS = 8
+SMALL_COLS = 64  # columns per small_dot_kernel item at least
 BATCHED = 4  # output batches per thread from which batched_gemm_kernel takes over
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
 
@@ -266,19 +271,25 @@ def add_four(crow, n0, s0, s1, s2, s3):
 
 
 @parallel_kernel
-def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
+def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate, cols):
     # C = A·Bᵀ for small problems, unpacked: each C element is a dot product of two contiguous
     # rows. A 2×4 block of C at a time shares each load (6 loads per 8 multiply-adds instead of
     # 2 per 1; measured on the article's 10×512·512×64: 6.6 µs vs 9.4 µs for 1×4); LLVM
-    # vectorises each k loop into partial sums. a (Ba, M, K) · b (Bb, N, K) -> c (T, M, N)
+    # vectorises each k loop into partial sums. a (Ba, M, K) · b (Bb, N, K) -> c (T, M, N).
+    # Work items: (batch, pair of rows, block of `cols` columns, a multiple of 4) -- column
+    # blocks let one row (a decoded token's x·Wᵀ) use every thread. Each element's sum is the
+    # same code whichever item computes it, so `cols` never changes the bits.
     n_batch, n_rows, n_cols = c.shape
     n_inner = a.shape[2]
     has_bias = bias.shape[0] > 0
     zero = c.dtype.type(0)
     n_pairs = (n_rows + 1) // 2
-    for w in prange(n_batch * n_pairs):             # each iteration owns C[t, m:m + 2, :]
-        t = w // n_pairs
-        m = (w % n_pairs) * 2
+    n_blocks = (n_cols + cols - 1) // cols
+    for w in prange(n_batch * n_pairs * n_blocks):  # each owns C[t, m:m + 2, j0:j1]
+        t = w // (n_pairs * n_blocks)
+        m = (w // n_blocks % n_pairs) * 2
+        j0 = (w % n_blocks) * cols
+        j1 = min(j0 + cols, n_cols)
         rows = min(2, n_rows - m)
         at = a[a_index[t]]
         a0 = at[m]
@@ -286,11 +297,11 @@ def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate):
         bt = b[b_index[t]]
         for i in range(rows):                       # C starts as (C or 0) + (bias or 0)
             crow = c[t, m + i]
-            for n in range(n_cols):
+            for n in range(j0, j1):
                 crow[n] = (crow[n] if accumulate else zero) + (bias[n] if has_bias else zero)
         c0 = c[t, m]
         c1 = c[t, m + rows - 1]
-        for n0 in range(0, n_cols, 4):
+        for n0 in range(j0, j1, 4):
             n1 = min(n0 + 1, n_cols - 1)            # past the last column: recomputed, unstored
             n2 = min(n0 + 2, n_cols - 1)
             n3 = min(n0 + 3, n_cols - 1)
@@ -337,7 +348,8 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         return c
     bias = NO_BIAS[c.dtype] if bias is None else bias
     if trans_b and not trans_a and n_rows * n_cols * n_inner * n_batch <= SMALL:
-        small_dot_kernel(a3, b3, c3, bias, a_index, b_index, accumulate)
+        small_dot_kernel(a3, b3, c3, bias, a_index, b_index, accumulate,
+                         _small_columns(n_batch * -(-n_rows // 2), n_cols))
         return c
     threads = numba.get_num_threads()
     if n_batch >= BATCHED * threads:
@@ -350,6 +362,16 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
     gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
                 np.empty(packed_b, c.dtype))
     return c
+
+
+def _small_columns(n_pairs, n_cols):
+    """Columns per small_dot_kernel work item: all of them when there are SMALL_ITEMS pairs of
+    rows or more, else a multiple of 4 that makes about SMALL_ITEMS items, at least
+    SMALL_COLS wide. A function of the shapes only (it never changes the bits anyway)."""
+    if n_pairs >= SMALL_ITEMS:
+        return n_cols
+    blocks = -(-SMALL_ITEMS // n_pairs)
+    return max(SMALL_COLS, 4 * -(-n_cols // (4 * blocks)))
 
 
 def _row_block(n_rows, n_batch, threads):
@@ -366,9 +388,14 @@ def _row_block(n_rows, n_batch, threads):
     return MR * -(-strips // blocks)
 
 
+_ONE_BATCH = np.zeros(1, np.int64)   # the index map of one matrix (never written)
+
+
 def _index(index, stored, n_batch):
     if index is not None:
         return index
+    if n_batch == 1:
+        return _ONE_BATCH
     if stored == 1:
         return np.zeros(n_batch, np.int64)
     return np.arange(n_batch, dtype=np.int64)

@@ -26,7 +26,8 @@ import numpy as np
 from .. import _checks
 from ..functional.gelu import gelu_backward, gelu_forward
 from ..functional.attention import (scaled_dot_product_attention_backward,
-                                    scaled_dot_product_attention_forward)
+                                    scaled_dot_product_attention_forward,
+                                    scaled_dot_product_attention_with_kv_cache)
 from ..functional.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from ..functional.embedding import embedding_forward
 from ..functional.layer_norm import layer_norm_forward
@@ -143,19 +144,22 @@ class CausalSelfAttention(Module):
         dqkv = np.concatenate([_merge_heads(g) for g in (dq, dk, dv)], axis=-1)  # (B, T, 3C)
         return self.c_attn.backward(dqkv)                           # (B, T, C)
 
-    def decode(self, x, cache):
-        """Inference on the next L positions x (B, L, C), the P before them held in ``cache``
-        = [k, v] (B, nh, P, hs) (or [None, None] when P = 0); appends this call's keys and
-        values to it. Query i sees the P cached keys and the new keys up to its own position
-        (bottom-right causal alignment: key j visible iff j <= i + P). No dropout; nothing is
-        saved for backward. Shapes: x (B, L, C) -> out (B, L, C)"""
+    def decode(self, x, cache, start):
+        """Inference on positions start .. start + L - 1, x (B, L, C), the ``start`` before them
+        held in ``cache`` = (k, v), each (B, nh, block_size, hs): writes this call's keys and
+        values into it at those positions. Query i sees the cached keys and the new keys up to
+        its own position (bottom-right causal alignment: key j visible iff j <= start + i).
+        A prefill (start 0) runs on the fused engine; later calls on its decode path, which
+        splits the cache's keys across the threads (scaled_dot_product_attention_with_kv_cache).
+        No dropout; nothing is saved for backward. Shapes: x (B, L, C) -> out (B, L, C)"""
         q, k, v = self._heads(linear_forward(x, self.c_attn.weight.data, _bias(self.c_attn)))
-        if cache[0] is not None:
-            k = np.concatenate([cache[0], k], axis=2)                # (B, nh, P + L, hs)
-            v = np.concatenate([cache[1], v], axis=2)
-        cache[:] = [k, v]
-        y, _ = scaled_dot_product_attention_forward(q, k, v, is_causal=True,
-                                                    causal_alignment="bottom-right")
+        if start == 0:                               # the new keys are all the keys
+            cache[0][:, :, :k.shape[2]] = k
+            cache[1][:, :, :v.shape[2]] = v
+            y, _ = scaled_dot_product_attention_forward(q, k, v, is_causal=True)
+        else:
+            y, _ = scaled_dot_product_attention_with_kv_cache(q, cache[0], cache[1], start, k, v,
+                                                              is_causal=True)
         return linear_forward(_merge_heads(y), self.c_proj.weight.data, _bias(self.c_proj))
 
 
@@ -214,9 +218,9 @@ class Block(Module):
         # x1 = x + attn(ln_1(x)): the same rule one branch down
         return dx1 + self.ln_1.backward(self.attn.backward(dx1))
 
-    def decode(self, x, cache):
+    def decode(self, x, cache, start):
         """Inference with attention's KV cache (see CausalSelfAttention.decode)."""
-        x = x + self.attn.decode(_layer_norm(self.ln_1, x), cache)
+        x = x + self.attn.decode(_layer_norm(self.ln_1, x), cache, start)
         return x + self.mlp.decode(_layer_norm(self.ln_2, x))
 
 
@@ -377,7 +381,7 @@ class GPT(Module):
         x = (embedding_forward(tokens, tr.wte.weight.data)
              + embedding_forward(np.arange(start, start + tokens.shape[1]), tr.wpe.weight.data))
         for block, cache in zip(tr.h, caches):
-            x = block.decode(x, cache)                              # (B, L, C)
+            x = block.decode(x, cache, start)                       # (B, L, C)
         last = _layer_norm(tr.ln_f, x[:, -1])                       # (B, C): only the next token
         return linear_forward(last, tr.wte.weight.data)             # (B, V)
 
@@ -431,7 +435,9 @@ class GPT(Module):
             return idx
         self.eval()
         try:
-            caches = [[None, None] for _ in tr.h]
+            hs = cfg.n_embd // cfg.n_head                           # every layer's (k, v) cache
+            caches = [tuple(np.empty((idx.shape[0], cfg.n_head, block_size, hs),
+                                     tr.wte.weight.dtype) for _ in "kv") for _ in tr.h]
             context = idx[:, -block_size:]
             logits = self._decode(context, 0, caches)               # prefill
             length = context.shape[1]                               # tokens in the cache
@@ -444,7 +450,6 @@ class GPT(Module):
                     logits = self._decode(token[:, None], length, caches)
                     length += 1
                 else:                                               # crop, prefill again
-                    caches = [[None, None] for _ in tr.h]
                     context = np.stack(out[-block_size:], axis=1)   # (B, block_size)
                     logits = self._decode(context, 0, caches)
         finally:
