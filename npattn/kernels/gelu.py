@@ -170,7 +170,11 @@ def tail_ratio(a):
 
 
 # The loops. Each block function runs one form and direction over out[start:stop] and is
-# vectorised whole: its helpers are small enough for LLVM to inline (one function holding
+# vectorised whole. ADDRESSING: each loops over slices from index 0, never over range(start,
+# stop) of the whole array: Numba wraps negative indices around (x[t] is x[t + n] for t < 0),
+# and only an index that counts up from 0 lets LLVM drop that select -- else it loads and
+# stores through gathers and scatters (measured, float32 forward of 393,216 elements on one
+# Zen 4 thread: 1,690 µs before, 1,054 µs after, the same bits). its helpers are small enough for LLVM to inline (one function holding
 # them all is not, and a call left in the loop keeps it scalar), and its own arithmetic is
 # compiled with `contract` only, as fma_kernel's (the prange kernels below add `reassoc`,
 # which could undo the Fast2Sum and the order of the polynomials). For the normal form,
@@ -180,7 +184,8 @@ def tail_ratio(a):
 @fma_kernel
 def normal_forward_block(x, out, start, stop):
     # out[t] = x[t]·Φ(x[t]) for t in [start, stop)
-    for t in range(start, stop):
+    x, out = x[start:stop], out[start:stop]     # (an index from 0 up: see ADDRESSING)
+    for t in range(x.shape[0]):
         v = np.float64(x[t])
         far = abs(v) > FAR                      # also ±inf; False for NaN, which flows through
         a = 0.0 if far else abs(v)
@@ -196,7 +201,8 @@ def normal_forward_block(x, out, start, stop):
 @fma_kernel
 def normal_backward_block(dout, x, dx, start, stop):
     # dx[t] = dout[t]·(Φ + x·φ)(x[t]) for t in [start, stop)
-    for t in range(start, stop):
+    dout, x, dx = dout[start:stop], x[start:stop], dx[start:stop]
+    for t in range(x.shape[0]):
         v = np.float64(x[t])
         far = abs(v) > FAR
         a = 0.0 if far else abs(v)
@@ -233,7 +239,8 @@ def tanh_parts(x):
 
 @fma_kernel
 def tanh_forward_block(x, out, start, stop):
-    for t in range(start, stop):
+    x, out = x[start:stop], out[start:stop]
+    for t in range(x.shape[0]):
         v = np.float64(x[t])
         c, _, m = tanh_parts(v)
         out[t] = (v * c) * m if c != 0.0 else -0.0
@@ -241,7 +248,8 @@ def tanh_forward_block(x, out, start, stop):
 
 @fma_kernel
 def tanh_backward_block(dout, x, dx, start, stop):
-    for t in range(start, stop):
+    dout, x, dx = dout[start:stop], x[start:stop], dx[start:stop]
+    for t in range(x.shape[0]):
         v = np.float64(x[t])
         c, f, m = tanh_parts(v)
         slope = (c + v * f) * m if f != 0.0 else c * m
