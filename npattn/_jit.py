@@ -145,11 +145,13 @@ class _KeyedCacheImpl(caching.CompileResultCacheImpl):
     # tried in Numba's order, the first whose directory is writable wins
     _locator_classes = [_keyed(c) for c in caching.CompileResultCacheImpl._locator_classes]
 
+    suffix = ""   # after the function's name: the serial twin's files are apart
+
     def __init__(self, py_func):
         # Numba starts the file names with the source file's name ("gemm.gemm_kernel-57...");
         # the module's instead, %-escaped: a file name's characters, and no two names alike
         module = urllib.parse.quote(str(py_func.__module__), safe="")
-        self._fullname = f"{module}.{py_func.__qualname__}"
+        self._fullname = f"{module}.{py_func.__qualname__}{self.suffix}"
         super().__init__(py_func)
         if not isinstance(self.locator, _KeyedLocator):
             # NUMBA_CACHE_LOCATOR_CLASSES replaced the list above: key Numba's choice too
@@ -171,7 +173,18 @@ class KeyedCache(caching.FunctionCache):
     _impl_class = _KeyedCacheImpl
 
 
-def _jit(options):
+class _SerialCacheImpl(_KeyedCacheImpl):
+    suffix = ".serial"
+
+
+class SerialKeyedCache(KeyedCache):
+    """The cache of a parallel kernel's serial twin (:meth:`ThreadSafeKernel.serial`): files of
+    its own, since Numba's names would be the parallel kernel's (same function, same line)."""
+
+    _impl_class = _SerialCacheImpl
+
+
+def _jit(options, cache_class=KeyedCache):
     """``njit(**options)`` as a decorator, with npattn's disk cache (:class:`KeyedCache`) for
     Numba's, and except that a function no cache directory can hold compiles without the disk
     cache instead of failing.
@@ -195,7 +208,7 @@ def _jit(options):
         dispatcher = njit(**options)(func)
         if cache and slp_enabled() and hasattr(dispatcher, "enable_caching"):   # (not under NUMBA_DISABLE_JIT)
             try:
-                dispatcher._cache = KeyedCache(dispatcher.py_func)
+                dispatcher._cache = cache_class(dispatcher.py_func)
             except RuntimeError:      # no locator: no writable cache directory for this file
                 pass                  # the dispatcher keeps its NullCache: compiled per process
         return dispatcher
@@ -246,6 +259,7 @@ class ThreadSafeKernel:
     def __init__(self, dispatcher):
         self.dispatcher = dispatcher
         self._uncached = None
+        self._serial = None
         functools.update_wrapper(self, dispatcher.py_func)
 
     def _target(self):
@@ -254,6 +268,19 @@ class ThreadSafeKernel:
         if self._uncached is None:
             self._uncached = njit(parallel=True, **{**OPTIONS, "cache": False})(self.py_func)
         return self._uncached
+
+    def serial(self, *args):
+        """The kernel's serial twin: the same source compiled without ``parallel``, its
+        ``prange`` loops plain loops on the calling thread. For work too small to pay for a
+        launch of the thread pool (2-3 µs: more than a decoded token's layer norm takes).
+        Callers choose it by the shapes; tests/test_jit.py checks that twin and kernel give
+        the same bits for the twins in use, so the choice never shows in a result."""
+        if self._serial is None:
+            if slp_enabled():
+                self._serial = _jit(OPTIONS, SerialKeyedCache)(self.py_func)
+            else:                               # (see _target)
+                self._serial = njit(**{**OPTIONS, "cache": False})(self.py_func)
+        return self._serial(*args)
 
     def __call__(self, *args):
         target = self._target()

@@ -212,3 +212,47 @@ def test_the_engines_call_their_work_items_through_an_address():
             assert set(_address_types(kernel)) == {numba.types.int64}
             assert len(kernel.dispatcher.signatures) >= 1
             assert not any(_defines(kernel, item) for item in kernel.items)
+
+
+# ------------------------------------------------------------------ serial twins
+
+def _twin_cases(dtype, rng):
+    """(kernel, args builder) for every parallel kernel whose serial twin a caller uses
+    (ThreadSafeKernel.serial): shapes around and past the sizes the callers switch at."""
+    from npattn.kernels.decode import decode_attention_kernel
+    from npattn.kernels.gelu import gelu_backward_kernel, gelu_forward_kernel
+    from npattn.kernels.layer_norm import layer_norm_forward_kernel
+    gemm = tiles.engine("gemm", dtype)
+    f = lambda *shape: rng.standard_normal(shape).astype(dtype)       # noqa: E731
+    for m, n, k in [(1, 384, 128), (2, 128, 128), (3, 65, 37), (1, 1152, 384)]:
+        one = np.zeros(1, np.int64)
+        yield gemm.small_dot_kernel, lambda m=m, n=n, k=k, one=one: (
+            f(1, m, k), f(1, n, k), np.empty((1, m, n), dtype), f(n), one, one, False,
+            gemm._small_columns(-(-m // 2), n)), (2,)
+    for rows, width in [(1, 128), (3, 384), (40, 100)]:
+        yield layer_norm_forward_kernel, lambda r=rows, w=width: (
+            f(r, w), f(w), f(w), 1e-5, np.empty((r, w), dtype)), (4,)
+    for size in [17, 512, 4096, 9000]:
+        yield gelu_forward_kernel, lambda s=size: (f(s) * 4, False, np.empty(s, dtype)), (2,)
+        yield gelu_backward_kernel, lambda s=size: (f(s), f(s) * 4, True,
+                                                    np.empty(s, dtype)), (3,)
+    for heads, rows, keys, chunk in [(4, 1, 40, 64), (6, 1, 200, 100), (2, 3, 130, 64)]:
+        yield decode_attention_kernel, lambda h=heads, r=rows, n=keys, c=chunk: (
+            f(1, h, r, 32), f(1, h, 256, 32), f(1, h, 256, 20), n, True, 0.2, c,
+            np.empty((1, h, r, 20), dtype), np.empty((1, h, r, 3), dtype),
+            np.empty((1, h, -(-n // c), r, 22), dtype)), (7, 8)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_serial_twins_give_the_kernels_bits(dtype):
+    """A caller may run a kernel's serial twin for small work (the launch would cost more):
+    the twin is the same source without ``parallel``, and must give bitwise the same outputs,
+    so which one ran never shows."""
+    rng = np.random.default_rng(7)
+    for kernel, build, outputs in _twin_cases(np.dtype(dtype), rng):
+        args = build()
+        twin = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+        kernel(*args)
+        kernel.serial(*twin)
+        for i in outputs:
+            assert np.array_equal(args[i], twin[i], equal_nan=True), (kernel.__name__, i)

@@ -55,7 +55,7 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.decode import decode_attention_kernel
+from ..kernels.decode import SERIAL_MACS, decode_attention_kernel
 from ..kernels.random import keep_threshold, kept_scale, stream_key
 from ..kernels.tiles import engine
 
@@ -393,7 +393,8 @@ def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, ca
     chunk = decode_chunk(n_batch * heads, n_keys)
     n_chunks = max(1, -(-n_keys // chunk))
     parts = np.empty((n_batch, heads, n_chunks, n_rows, n_vcols + 2), query.dtype)
-    if out.size or stats.size:
-        decode_attention_kernel(q4, k4, v4, n_keys, causal, scale, chunk, out, stats, parts)
+    work = n_batch * heads * n_rows * n_keys * (q4.shape[3] + n_vcols)
+    run = decode_attention_kernel.serial if work <= SERIAL_MACS else decode_attention_kernel
+    run(q4, k4, v4, n_keys, causal, scale, chunk, out, stats, parts)
     return (out.reshape(tuple(lead) + (heads, n_rows, n_vcols)),
             stats[..., 0].reshape(tuple(lead) + (heads, n_rows)))

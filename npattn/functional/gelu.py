@@ -15,7 +15,13 @@ propagates to its own element and nowhere else.
 import numpy as np
 
 from .. import _checks
-from ..kernels.gelu import gelu_backward_kernel, gelu_forward_kernel
+from ..kernels.gelu import BLOCK, gelu_backward_kernel, gelu_forward_kernel
+
+
+def _sized(kernel, n):
+    """The kernel, or its serial twin (the same bits) for a single block of work: one prange
+    iteration is not worth a launch of the thread pool."""
+    return kernel.serial if n <= BLOCK else kernel
 
 
 def gelu_forward(x, approximate="none"):
@@ -27,7 +33,7 @@ def gelu_forward(x, approximate="none"):
     x, tanh_form = _checks.gelu_args(x, approximate)
     flat = x.reshape(-1)                                   # (N,)
     out = np.empty_like(flat)
-    gelu_forward_kernel(flat, tanh_form, out)
+    _sized(gelu_forward_kernel, flat.size)(flat, tanh_form, out)
     return out.reshape(x.shape)                            # (...)
 
 
@@ -39,7 +45,7 @@ def gelu_backward(dout, x, approximate="none"):
     """
     dout, x, tanh_form = _checks.gelu_backward_args(dout, x, approximate)
     dx = np.empty(x.size, x.dtype)                         # (N,)
-    gelu_backward_kernel(dout.reshape(-1), x.reshape(-1), tanh_form, dx)
+    _sized(gelu_backward_kernel, dx.size)(dout.reshape(-1), x.reshape(-1), tanh_form, dx)
     return dx.reshape(x.shape)                             # (...)
 
 

@@ -76,6 +76,10 @@ SMALL = 1 << 20
 #: the kernel alone: 33.5 µs on 1 thread, 16 µs on 2; 1 thread was all one row had before)
 SMALL_ITEMS = 8
 SMALL_COLS = 64  # columns per small_dot_kernel item at least
+#: Up to this many multiply-adds small_dot_kernel runs serially (its twin, the same bits): a
+#: launch of the thread pool costs more than it saves (measured on Zen 4, one row 128 · 128×128:
+#: 1.7 µs serial, 3.3 µs on 2 threads; 128 · 384×128: 3.7 vs 4.4; 128 · 512×128: 4.8 vs 4.9)
+SERIAL_MACS = 1 << 16
 BATCHED = 4  # output batches per thread from which batched_gemm_kernel takes over
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
 
@@ -348,8 +352,10 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         return c
     bias = NO_BIAS[c.dtype] if bias is None else bias
     if trans_b and not trans_a and n_rows * n_cols * n_inner * n_batch <= SMALL:
-        small_dot_kernel(a3, b3, c3, bias, a_index, b_index, accumulate,
-                         _small_columns(n_batch * -(-n_rows // 2), n_cols))
+        work = n_rows * n_cols * n_inner * n_batch
+        run = small_dot_kernel.serial if work <= SERIAL_MACS else small_dot_kernel
+        run(a3, b3, c3, bias, a_index, b_index, accumulate,
+            _small_columns(n_batch * -(-n_rows // 2), n_cols))
         return c
     threads = numba.get_num_threads()
     if n_batch >= BATCHED * threads:
