@@ -34,7 +34,8 @@ nothing was counted twice. The unwrapped steps are measured too, alternating wit
 ones: the difference is the profile's own cost.
 
 The GPT calls no standalone softmax: attention's softmax is inside the fused SDPA kernels
-(``attention fwd``/``bwd``), and sampling's is NumPy in ``GPT._sample`` (the ``sampling`` row).
+(``attention fwd``/``bwd``; ``attention decode``: a generated token's row against the KV
+cache, ``scaled_dot_product_attention_with_kv_cache``), and sampling's is NumPy in ``GPT._sample`` (the ``sampling`` row).
 """
 import argparse
 import importlib
@@ -45,7 +46,8 @@ import time
 import numpy as np
 
 #: Row order of the tables; "glue" is what no wrapper timed.
-GROUPS = ("linear (GEMM)", "attention fwd", "attention bwd", "layer_norm", "gelu",
+GROUPS = ("linear (GEMM)", "attention fwd", "attention bwd", "attention decode", "layer_norm",
+          "gelu",
           "cross_entropy", "embedding", "softmax", "dropout", "AdamW", "sampling (NumPy)")
 GLUE = "Python and NumPy glue"
 
@@ -58,6 +60,7 @@ TARGETS = (
     ("npattn.models.gpt", "linear_forward", "linear (GEMM)"),                  # decode
     ("npattn.models.gpt", "scaled_dot_product_attention_forward", "attention fwd"),
     ("npattn.models.gpt", "scaled_dot_product_attention_backward", "attention bwd"),
+    ("npattn.models.gpt", "scaled_dot_product_attention_with_kv_cache", "attention decode"),
     ("npattn.nn.normalization", "layer_norm_forward", "layer_norm"),
     ("npattn.nn.normalization", "layer_norm_backward", "layer_norm"),
     ("npattn.models.gpt", "layer_norm_forward", "layer_norm"),                 # decode

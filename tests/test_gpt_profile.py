@@ -33,7 +33,9 @@ def expected_calls(n_layer):
         "dropout": 2 * (1 + 2 * n_layer),         # drop; resid and mlp dropout per block
         "AdamW": 1,
     }
-    generate = {"linear (GEMM)": decodes * (4 * n_layer + 1), "attention fwd": decodes * n_layer,
+    generate = {"linear (GEMM)": decodes * (4 * n_layer + 1),
+                "attention fwd": n_layer,                   # the prefill, on the fused engine
+                "attention decode": (decodes - 1) * n_layer,  # each new token, on its cache
                 "layer_norm": decodes * (2 * n_layer + 1), "gelu": decodes * n_layer,
                 "embedding": 2 * decodes, "sampling (NumPy)": new}
     return train, generate
