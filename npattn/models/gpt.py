@@ -413,10 +413,12 @@ class GPT(Module):
         ``numpy.random.default_rng(seed)`` (an int seed, a Generator or None): the same seed
         gives the same tokens. Runs in eval mode (no dropout) and leaves the mode as it was.
 
-        KV cache: a prefill pass runs the context through the blocks and keeps every layer's
-        keys and values (B, nh, T, hs); each new token then runs only its own row through the
-        blocks, appending its key and value and attending over the cache -- the prefix is not
-        recomputed. Context longer than block_size: as nanoGPT, the model sees only the last
+        KV cache: every layer gets a key and a value cache (B, nh, block_size, hs), allocated
+        once; a prefill pass runs the context through the blocks (on the fused engine) and
+        writes its keys and values there; each new token then runs only its own row through
+        the blocks, writing its key and value at its position and attending over the cache
+        (scaled_dot_product_attention_with_kv_cache: the cache's keys split across the
+        threads, merged by logsumexp) -- the prefix is not recomputed, nor copied. Context longer than block_size: as nanoGPT, the model sees only the last
         block_size tokens; once the sequence exceeds block_size, every further step crops it
         to the last block_size tokens and runs a fresh prefill over them (the learned
         positions of the kept tokens shift by one each step, so the cached keys and values
