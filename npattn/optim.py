@@ -20,7 +20,9 @@ learning-rate schedule is ``for g in opt.param_groups: g["lr"] = new_lr``.
 Dtypes: the update runs in each parameter's dtype, and the optimiser's state (momentum buffer,
 moments) is kept in that dtype too, as in PyTorch. Hyperparameters are Python floats and are
 rounded to the parameter's dtype where they multiply an array (NumPy's rule for Python scalars,
-and PyTorch's). Each update is whole-array NumPy per parameter, with no per-element loop.
+and PyTorch's). SGD's update is whole-array NumPy per parameter; Adam's and AdamW's, a dozen
+NumPy operations each with its temporary, run as one fused pass per parameter
+(``kernels/adam.py``: 2.3 ms -> XXX for the baby GPT's 0.8 M parameters on a 2-CPU Zen 4).
 
 ``state_dict()`` / ``load_state_dict()`` use PyTorch's layout and key names (``"state"`` keyed by
 the parameter's position across groups, holding ``"momentum_buffer"`` or ``"step"``,
@@ -43,7 +45,11 @@ import warnings
 import numpy as np
 
 from ._checks import converted, int_value, real_float
+from .kernels.adam import BLOCK as ADAM_BLOCK
+from .kernels.adam import DECOUPLED, L2_PENALTY, NO_DECAY, adam_kernel
 from .nn.module import Parameter
+
+_NOTHING = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # no max_exp_avg_sq
 
 
 # ------------------------------------------------------------------ argument checks
@@ -370,7 +376,8 @@ class Adam(Optimizer):
             θ_t = θ_{t-1} - γ·m̂_t / (√v̂_t + ε)
 
     Evaluated as PyTorch does: ``m += (1 - β1)·(g - m)`` (a lerp), and
-    ``θ -= (γ / (1 - β1^t))·m / (√v / √(1 - β2^t) + ε)``, the bias corrections in float64.
+    ``θ -= (γ / (1 - β1^t))·m / (√v / √(1 - β2^t) + ε)``, the bias corrections in float64 --
+    one fused pass over each parameter (``kernels/adam.py``).
 
     Shapes: each parameter's data and grad (...), one dtype; state "exp_avg", "exp_avg_sq"
     (and "max_exp_avg_sq" with amsgrad) (...) in that dtype, "step" a float
@@ -402,11 +409,11 @@ class Adam(Optimizer):
     def _update(self, group):
         lr, eps, decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])
+        mode = NO_DECAY if decay == 0 else DECOUPLED if self._decoupled else L2_PENALTY
         for param in group["params"]:
             grad = self._grad(param)
             if grad is None:
                 continue
-            g = -grad if group["maximize"] else grad               # never write into .grad
             state = self.state.setdefault(param, {})
             if not state:
                 state["step"] = 0.0
@@ -414,27 +421,24 @@ class Adam(Optimizer):
                 state["exp_avg_sq"] = np.zeros_like(param.data)
                 if group["amsgrad"]:
                     state["max_exp_avg_sq"] = np.zeros_like(param.data)
+            if group["amsgrad"] and state.get("max_exp_avg_sq") is None:   # switched on later
+                state["max_exp_avg_sq"] = np.zeros_like(param.data)
             state["step"] += 1.0
             t = state["step"]
-            if decay != 0:
-                if self._decoupled:
-                    param.data *= 1.0 - lr * decay                 # AdamW: θ ← θ - γλθ
-                else:
-                    g = g + decay * param.data                     # Adam: L2 in the gradient
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            m += (1.0 - beta1) * (g - m)                           # β1·m + (1 - β1)·g
-            v *= beta2
-            v += (1.0 - beta2) * g * g                             # β2·v + (1 - β2)·g²
-            step_size = lr / (1.0 - beta1 ** t)
-            bias_correction2_sqrt = (1.0 - beta2 ** t) ** 0.5
-            if group["amsgrad"]:
-                if state.get("max_exp_avg_sq") is None:            # amsgrad switched on later
-                    state["max_exp_avg_sq"] = np.zeros_like(param.data)
-                np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
-                v = state["max_exp_avg_sq"]
-            denom = np.sqrt(v) / bias_correction2_sqrt             # √v̂ (...)
-            denom += eps
-            param.data -= step_size * m / denom
+            dtype = param.data.dtype.type                 # the hyperparameters, rounded to it
+            arrays = [param.data, grad, state["exp_avg"], state["exp_avg_sq"],
+                      state["max_exp_avg_sq"] if group["amsgrad"] else _NOTHING[param.data.dtype]]
+            copied = [not (a.flags.c_contiguous and a.flags.writeable) for a in arrays]
+            flat = [np.array(a, order="C") if c else a for a, c in zip(arrays, copied)]
+            flat = [a.reshape(-1) for a in flat]          # (views of the parameter and state)
+            kernel = adam_kernel.serial if flat[0].size <= ADAM_BLOCK else adam_kernel
+            kernel(*flat, dtype(1.0 - lr * decay), dtype(decay), dtype(1.0 - beta1),
+                   dtype(beta2), dtype(1.0 - beta2), dtype(eps),
+                   dtype(lr / (1.0 - beta1 ** t)), dtype((1.0 - beta2 ** t) ** 0.5), mode,
+                   bool(group["amsgrad"]), bool(group["maximize"]))
+            for i in (0, 2, 3, 4):                        # updated in a copy: copy back
+                if copied[i]:
+                    arrays[i][...] = flat[i].reshape(arrays[i].shape)
 
 
 class AdamW(Adam):

@@ -219,6 +219,7 @@ def test_the_engines_call_their_work_items_through_an_address():
 def _twin_cases(dtype, rng):
     """(kernel, args builder) for every parallel kernel whose serial twin a caller uses
     (ThreadSafeKernel.serial): shapes around and past the sizes the callers switch at."""
+    from npattn.kernels.adam import DECOUPLED, adam_kernel
     from npattn.kernels.decode import decode_attention_kernel
     from npattn.kernels.gelu import gelu_backward_kernel, gelu_forward_kernel
     from npattn.kernels.layer_norm import layer_norm_forward_kernel
@@ -236,6 +237,11 @@ def _twin_cases(dtype, rng):
         yield gelu_forward_kernel, lambda s=size: (f(s) * 4, False, np.empty(s, dtype)), (2,)
         yield gelu_backward_kernel, lambda s=size: (f(s), f(s) * 4, True,
                                                     np.empty(s, dtype)), (3,)
+    t = dtype.type
+    for size in [100, 16384, 40000]:
+        yield adam_kernel, lambda s=size: (f(s), f(s), f(s), np.abs(f(s)), np.abs(f(s)),
+                                           t(0.999), t(0.1), t(0.1), t(0.99), t(0.01), t(1e-8),
+                                           t(0.003), t(0.3), DECOUPLED, True, False), (0, 2, 3, 4)
     for heads, rows, keys, chunk in [(4, 1, 40, 64), (6, 1, 200, 100), (2, 3, 130, 64)]:
         yield decode_attention_kernel, lambda h=heads, r=rows, n=keys, c=chunk: (
             f(1, h, r, 32), f(1, h, 256, 32), f(1, h, 256, 20), n, True, 0.2, c,

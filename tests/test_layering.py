@@ -21,7 +21,7 @@ ALLOWED = {
     "npattn.kernels": {"numpy", "numba", "npattn._jit", "npattn.kernels"},
     "npattn.functional": {"numpy", "npattn._checks", "npattn.kernels"},
     "npattn.nn": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn"},
-    "npattn.optim": {"numpy", "npattn._checks", "npattn.nn"},
+    "npattn.optim": {"numpy", "npattn._checks", "npattn.nn", "npattn.kernels.adam"},
     "npattn.gradcheck": {"numpy", "npattn._checks"},
     "npattn.models": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn",
                       "npattn.models"},

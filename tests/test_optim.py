@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from closeness import assert_close, f64
 from npattn.nn import Module, Parameter
@@ -192,6 +192,37 @@ def test_steps_match_documented_pseudocode(which, data):
             assert np.array_equal(grad, original)        # .grad is read, never written
             for array in state_arrays(optimizer, param):
                 assert array.dtype == dtype and array.shape == param.data.shape
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@settings(max_examples=12, deadline=None)
+@given(options=adam_options(), dtype=dtypes, seed=st.integers(0, 2**32 - 1),
+       strided=st.booleans())
+def test_adam_on_large_and_strided_parameters(name, options, dtype, seed, strided):
+    """Adam's fused update (kernels/adam.py) runs its parallel kernel on a parameter larger
+    than one BLOCK, and its serial twin below: both against the pseudocode. A parameter whose
+    data is a strided view (or whose state is) is updated in a copy and copied back."""
+    from npattn.kernels.adam import BLOCK
+    rng = np.random.default_rng(seed)
+    big = make_values(rng, (BLOCK // 64 + 3, 64), dtype)             # past one BLOCK
+    small = make_values(rng, (3, 5), dtype)
+    if strided:                                   # every other column of a wider array
+        wide = np.zeros((big.shape[0], 128), dtype)
+        wide[:, ::2] = big
+        params = [Parameter(big), Parameter(small)]
+        params[0].data = wide[:, ::2]
+    else:
+        params = [Parameter(big), Parameter(small)]
+    optimizer = OPTIMIZERS[name](params, **options)
+    truths = [Trajectory(name, p.data, options) for p in params]
+    for _ in range(3):
+        for p in params:
+            p.grad = (make_values(rng, p.shape, dtype) * 10.0 ** rng.integers(-2, 3)).astype(dtype)
+        optimizer.step()
+        for p, truth in zip(params, truths):
+            assert_close(p.data, truth.step(p.grad), dtype=dtype, n=ROUNDINGS, scale=truth.scale)
+    if strided:
+        assert np.shares_memory(params[0].data, wide)            # still the caller's view
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
