@@ -260,6 +260,7 @@ class ThreadSafeKernel:
         self.dispatcher = dispatcher
         self._uncached = None
         self._serial = None
+        self.twin = False          # declared with parallel_kernel(twin=True): .serial allowed
         functools.update_wrapper(self, dispatcher.py_func)
 
     def _target(self):
@@ -269,6 +270,11 @@ class ThreadSafeKernel:
             self._uncached = njit(parallel=True, **{**OPTIONS, "cache": False})(self.py_func)
         return self._uncached
 
+    @property
+    def serial_signatures(self):
+        """The signatures the serial twin has compiled (or loaded) in this process."""
+        return [] if self._serial is None else list(self._serial.signatures)
+
     def serial(self, *args):
         """The kernel's serial twin: the same source compiled without ``parallel``, its
         ``prange`` loops plain loops on the calling thread. For work too small to pay for a
@@ -276,6 +282,9 @@ class ThreadSafeKernel:
         Callers choose it by the shapes; tests/test_jit.py checks that twin and kernel give
         the same bits for the twins in use, so the choice never shows in a result."""
         if self._serial is None:
+            if not self.twin:
+                raise TypeError(f"{self.__name__} has no serial twin: declare it with "
+                                f"@parallel_kernel(twin=True)")
             if slp_enabled():
                 self._serial = _jit(OPTIONS, SerialKeyedCache)(self.py_func)
             else:                               # (see _target)
@@ -296,9 +305,15 @@ class ThreadSafeKernel:
         return f"<npattn parallel kernel {self.__name__}>"
 
 
-def parallel_kernel(func):
-    """A ``prange`` kernel, compiled lazily on its first call and safe to call from any thread."""
-    return ThreadSafeKernel(_jit({**OPTIONS, "parallel": True})(func))
+def parallel_kernel(func=None, *, twin=False):
+    """A ``prange`` kernel, compiled lazily on its first call and safe to call from any thread.
+    ``@parallel_kernel(twin=True)``: callers may also run its serial twin (``.serial``), which
+    ``npattn warmup`` then compiles too."""
+    if func is None:
+        return functools.partial(parallel_kernel, twin=twin)
+    wrapped = ThreadSafeKernel(_jit({**OPTIONS, "parallel": True})(func))
+    wrapped.twin = twin
+    return wrapped
 
 
 def _arg_key(value):

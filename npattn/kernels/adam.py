@@ -58,7 +58,7 @@ def adam_block(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, start, stop, de
         param[i] = p - (step_size * m) / (math.sqrt(v) / correction2 + eps)
 
 
-@parallel_kernel
+@parallel_kernel(twin=True)
 def adam_kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay_factor, weight_decay,
                 beta1_rest, beta2, beta2_rest, eps, step_size, correction2, decay, amsgrad,
                 maximize):

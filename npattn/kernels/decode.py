@@ -108,7 +108,7 @@ def merge_row(parts, n_chunks, n_vcols, orow, stats):
         stats[0] = big + math.log(total)
 
 
-@parallel_kernel
+@parallel_kernel(twin=True)
 def decode_attention_kernel(q, k, v, n_keys, causal, scale, chunk, out, stats, parts):
     # q (B, H, L, E) · k (B, Hkv, Smax, E) · v (B, Hkv, Smax, Ev), keys 0 .. n_keys live ->
     # out (B, H, L, Ev), stats (B, H, L, 3): each row's logsumexp, max and sum. parts (B, H,

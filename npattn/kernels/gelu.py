@@ -256,7 +256,7 @@ def tanh_backward_block(dout, x, dx, start, stop):
         dx[t] = np.float64(dout[t]) * slope
 
 
-@parallel_kernel
+@parallel_kernel(twin=True)
 def gelu_forward_kernel(x, tanh_form, out):
     # x (N,) -> out (N,): out = x·Φ(x)
     n = x.shape[0]
@@ -268,7 +268,7 @@ def gelu_forward_kernel(x, tanh_form, out):
             normal_forward_block(x, out, start, stop)
 
 
-@parallel_kernel
+@parallel_kernel(twin=True)
 def gelu_backward_kernel(dout, x, tanh_form, dx):
     # forward was: out = x·Φ(x)
     # dout, x (N,) -> dx (N,): dx = dout·(Φ(x) + x·Φ'(x))

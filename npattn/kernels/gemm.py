@@ -274,7 +274,7 @@ def add_four(crow, n0, s0, s1, s2, s3):
         crow[n0 + 3] += s3
 
 
-@parallel_kernel
+@parallel_kernel(twin=True)
 def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate, cols):
     # C = A·Bᵀ for small problems, unpacked: each C element is a dot product of two contiguous
     # rows. A 2×4 block of C at a time shares each load (6 loads per 8 multiply-adds instead of

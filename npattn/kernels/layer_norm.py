@@ -52,7 +52,7 @@ def row_stats(row, eps):
     return mean, 1.0 / np.sqrt(total / n + eps)
 
 
-@parallel_kernel
+@parallel_kernel(twin=True)
 def layer_norm_forward_kernel(x, weight, bias, eps, out):
     # x (N, D), weight (D,), bias (D,) -> out (N, D): out = (x - μ)·rstd ∘ weight + bias per row
     n_rows, width = x.shape
