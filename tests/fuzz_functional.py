@@ -448,6 +448,174 @@ def gen_attention(case, fn, backward):
     case.run(fn, check, call=lambda f: f(**case.args))
 
 
+def cache_options(case, cache, bad_shapes):
+    """Replacements for a KV cache: it must be a C-contiguous, writeable float ndarray of the
+    query's dtype (it is written in place), so a nested list or a read-only or strided array is
+    wrong too; a C-contiguous view into a larger buffer is right."""
+    options = [(f"as {dt}", cast(cache, dt), True) for dt in BAD_DTYPES]
+    options.append(("the other float dtype", cast(cache, other_float(cache.dtype)), DTYPE))
+    options += [("a nested list", cache.tolist(), True), ("None", None, True),
+                ("a string", "abc", True), ("a ragged list", RAGGED, True),
+                ("an object", Malformed(), True)]
+    read_only = cache.copy()
+    read_only.flags.writeable = False
+    fortran, strided = np.asfortranarray(cache), lay_out(cache, "sliced", case.rng)
+    buffer = np.zeros(cache.size + 3, cache.dtype)
+    view = buffer[1:1 + cache.size].reshape(cache.shape)
+    view[...] = cache
+    options += [("read-only", read_only, True),
+                ("in Fortran order", fortran, not fortran.flags.c_contiguous),
+                ("a strided view", strided, not strided.flags.c_contiguous),
+                ("a view into a larger buffer", view, False)]
+    options += [(f"shape {s}", case.values(s, cache.dtype), True) for s in bad_shapes]
+    return options
+
+
+def gen_kv_cache(case, fn):
+    """scaled_dot_product_attention_with_kv_cache. The caches are written in place: each call
+    gets copies of them (the harness checks that the caller's arrays are left untouched), which
+    must hold exactly the reference's caches afterwards -- the new rows at cache_length, nothing
+    else -- and be unchanged when the call raises."""
+    dt = case.dtype()
+    heads_kind = case.draw(st.sampled_from(["same", "one", "gqa"]), "kv heads")
+    if heads_kind == "gqa":
+        kv_heads = case.draw(st.integers(1, 2), "Hkv")
+        heads = kv_heads * case.draw(st.integers(2, 3), "group")
+    else:
+        heads = case.draw(st.integers(1, 3), "H")
+        kv_heads = heads if heads_kind == "same" else 1
+    batch = case.draw(shapes(max_ndim=2, max_dim=3), "batch")
+    length, width, vwidth = (case.draw(sizes(), d) for d in ("L", "E", "Ev"))
+    new = case.draw(st.booleans(), "new entries")
+    room = case.draw(st.one_of(sizes(), st.integers(60, 140)), "room")   # (several chunks)
+    capacity = room + (length if new else 0)
+    cache_length = case.draw(st.one_of(st.just(room), st.integers(0, room)), "cache_length")
+    case.group = ["query", "key_cache", "value_cache", "key", "value"]
+    kinds = ("normal",) * 4 + KINDS           # five arrays: ordinary values more often, so
+                                              # that some valid calls are checked in full
+    def cache(w, name):
+        kind = case.draw(st.sampled_from(kinds), f"{name} values")
+        if kind != "normal":
+            case.finite = False
+        values = case.values(batch + (kv_heads, capacity, w), dt, kind)
+        values[..., cache_length:, :] = np.nan          # dead positions: never read
+        return values
+
+    q_shape = batch + (heads, length, width)
+    q = case.add("query", case.array(q_shape, dt, kinds, name="query"))
+    case.options["query"] = float_options(case, q, anchored=DTYPE, bad_shapes=[
+        (length * width,), q_shape[:-1] + (width + 1,), (2,) + q_shape])
+    kc_shape, vc_shape = batch + (kv_heads, capacity, width), batch + (kv_heads, capacity, vwidth)
+    kc = case.add("key_cache", cache(width, "key_cache"))
+    case.options["key_cache"] = cache_options(case, kc, [
+        kc_shape[:-1] + (width + 1,), kc_shape[:-2] + (capacity + 1, width),
+        kc_shape[:-3] + (kv_heads + 1, capacity, width), (2,) + kc_shape, kc_shape[1:]])
+    vc = case.add("value_cache", cache(vwidth, "value_cache"))
+    case.options["value_cache"] = cache_options(case, vc, [
+        vc_shape[:-2] + (capacity + 1, vwidth), vc_shape[:-3] + (kv_heads + 1, capacity, vwidth),
+        (2,) + vc_shape])
+    case.add("cache_length", cache_length, [
+        ("-1", -1, True), ("Smax + 1", capacity + 1, True), ("room + 1", room + 1, False),
+        ("1.0", 1.0, True), ("True", True, True), ("np.bool_(False)", np.bool_(False), True),
+        ("'0'", "0", True), ("None", None, True), ("10**30", 10**30, True),
+        ("np.float64(1)", np.float64(1), True), ("a NumPy int", np.int64(cache_length), False),
+        ("np.uint8(0)", np.uint8(0), False), ("0", 0, False), ("room", room, False)])
+    # (an int is right or wrong by the final key, value and caches: kv_cache_fixups decides)
+    keyword = case.draw(st.booleans(), "key and value by keyword")
+    k_shape, v_shape = batch + (kv_heads, length, width), batch + (kv_heads, length, vwidth)
+    if new:
+        k = case.add("key", case.array(k_shape, dt, kinds, name="key"), keyword=keyword)
+        v = case.add("value", case.array(v_shape, dt, kinds, name="value"), keyword=keyword)
+        case.options["key"] = float_options(case, k, anchored=DTYPE, bad_shapes=[
+            k_shape[:-2] + (length + 1, width), k_shape[:-1] + (width + 1,),
+            k_shape[:-3] + (kv_heads + 1, length, width)])
+        case.options["value"] = float_options(case, v, anchored=DTYPE, bad_shapes=[
+            v_shape[:-1] + (vwidth + 1,), v_shape[:-2] + (length + 1, vwidth)])
+    else:                                # an array for one alone is wrong, for both right
+        case.add("key", None, [("an array", case.values(k_shape, dt), True)], keyword=keyword)
+        case.add("value", None, [("an array", case.values(v_shape, dt), True)],
+                 keyword=keyword)
+    case.add("is_causal", case.draw(st.booleans(), "is_causal"), flag_options(), keyword=True)
+    scale = case.draw(st.one_of(st.none(), st.floats(-2, 2)), "scale")
+    case.add("scale", scale, [("'2'", "2", True), ("True", True, True), ("1j", 1j, True),
+                              ("np.array(1.0)", np.array(1.0), True), ("10**400", 10**400, True),
+                              ("None", None, False), ("np.float32(0.5)", np.float32(0.5), False),
+                              ("0", 0, False), ("Fraction(1, 2)", fractions.Fraction(1, 2), False)],
+             keyword=True)
+    case.add("enable_gqa", heads_kind == "gqa" or case.draw(st.booleans(), "enable_gqa"),
+             flag_options(), keyword=True)
+    case.mutate()
+    kv_cache_fixups(case, heads, kv_heads, length)
+
+    def call(f):
+        args = dict(case.args)
+        for name in ("key_cache", "value_cache"):      # a copy the op may write into
+            c = args[name]
+            if isinstance(c, np.ndarray) and c.flags.c_contiguous and c.flags.writeable:
+                args[name] = c.copy()
+        before = {n: args[n].copy() for n in ("key_cache", "value_cache")
+                  if isinstance(args[n], np.ndarray) and args[n].dtype.kind in "biufc"}
+        pos = [args[n] for n in case.positional]
+        try:
+            result = f(*pos, **{n: v for n, v in args.items() if n not in case.positional})
+        except (ValueError, TypeError):
+            for n, old in before.items():
+                assert np.array_equal(args[n], old, equal_nan=True), \
+                    f"{n} written by a call that raised"
+            raise
+        return result, args["key_cache"], args["value_cache"]
+
+    def check(result, a):
+        (out, lse), kc_after, vc_after = result
+        q, key, value = f64(a["query"]), a["key"], a["value"]
+        dt = dtype_of(a["query"])
+        kc, vc = a["key_cache"], a["value_cache"]
+        cl = int(a["cache_length"])
+        n = cl + (0 if key is None else q.shape[-2])
+        expect(out, q.shape[:-1] + (vc.shape[-1],), dt, "output")
+        expect(lse, q.shape[:-1], dt, "logsumexp")
+        want_kc, want_vc = kc.copy(), vc.copy()         # exactly: the new rows, nothing else
+        if key is not None:
+            want_kc[..., cl:n, :] = np.asarray(key)
+            want_vc[..., cl:n, :] = np.asarray(value)
+        for got, want, what in ((kc_after, want_kc, "key_cache"), (vc_after, want_vc,
+                                                                  "value_cache")):
+            expect(got, want.shape, dt, what)
+            assert got.tobytes() == want.tobytes(), f"{what} after the call is not the " \
+                "reference's: the new rows at cache_length, the rest unchanged"
+        if case.finite:
+            scale = (1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0) \
+                if a["scale"] is None else float(a["scale"])   # E = 0: npattn's scale is 1
+            want_out, want_lse, kc1, vc1 = reference.scaled_dot_product_attention_with_kv_cache(
+                q, f64(kc), f64(vc), cl, f64(key), f64(value), bool(a["is_causal"]), scale,
+                bool(a["enable_gqa"]))                 # (kc1, vc1: the caches after the write)
+            tol = 20.0 * attention_scale(a, q, kc1[..., :n, :], vc1[..., :n, :]) * (n + 1)
+            close(out, want_out, dt, tol, "output")
+            close(lse, want_lse, dt, tol, "logsumexp")
+
+    case.run(fn, check, call=call)
+
+
+def kv_cache_fixups(case, heads, kv_heads, length):
+    """After ``mutate``: key and value are right when both or neither are given, cache_length
+    when it fits the final caches, enable_gqa=False when the heads need no grouping."""
+    a = case.args
+    if (a["key"] is None) == (a["value"] is None):
+        for name in ("key", "value"):
+            if case.choice.get(name) in ("None", "an array"):
+                case.bad.discard(name)
+    cl, kc = a["cache_length"], a["key_cache"]
+    if (isinstance(cl, (int, np.integer)) and not isinstance(cl, (bool, np.bool_))
+            and isinstance(kc, np.ndarray) and kc.ndim >= 3):
+        new = 0 if a["key"] is None or a["value"] is None else length
+        if not 0 <= int(cl) <= kc.shape[-2] - new:
+            case.bad.add("cache_length")
+    gqa = a["enable_gqa"]
+    if (isinstance(gqa, (bool, np.bool_)) and not gqa and heads != kv_heads and kv_heads != 1
+            and heads % kv_heads == 0):
+        case.bad.add("enable_gqa")
+
+
 def gen_embedding(case, fn, backward):
     dt = case.dtype()
     n_rows, width = case.draw(dims(6), "V"), case.draw(dims(4), "E")

@@ -94,6 +94,7 @@ FUNCTIONAL = {  # name -> (generator, its options); the callable is getattr(npat
     "attention": (gen_attention, dict(backward=False)),
     "attention_forward": (gen_attention, dict(backward=False)),
     "attention_backward": (gen_attention, dict(backward=True)),
+    "scaled_dot_product_attention_with_kv_cache": (gen_kv_cache, {}),
     "embedding": (gen_embedding, dict(backward=False)),
     "embedding_forward": (gen_embedding, dict(backward=False)),
     "embedding_backward": (gen_embedding, dict(backward=True)),

@@ -205,6 +205,19 @@ def _gelu(dtype, rng):
         backward(y, x, approximate)
 
 
+def _kv_cache(dtype, rng):
+    # the decode kernel (kernels/decode.py): one signature per dtype, whatever the options --
+    # new entries or none, causal or not, GQA, one chunk per head or several
+    with_kv_cache = _op("scaled_dot_product_attention_with_kv_cache", "attention")
+    q = rng.standard_normal((2, 4, 2, 8)).astype(dtype)           # (B, H, L, E)
+    key_cache = np.zeros((2, 2, 140, 8), dtype)                   # (B, Hkv, Smax, E)
+    value_cache = np.zeros((2, 2, 140, 6), dtype)                 # (B, Hkv, Smax, Ev)
+    key = rng.standard_normal((2, 2, 2, 8)).astype(dtype)         # (B, Hkv, L, E)
+    value = rng.standard_normal((2, 2, 2, 6)).astype(dtype)       # (B, Hkv, L, Ev)
+    with_kv_cache(q, key_cache, value_cache, 3, key, value, is_causal=True, enable_gqa=True)
+    with_kv_cache(q[:1, :1], key_cache[:1, :1], value_cache[:1, :1], 130)   # several chunks
+
+
 #: (name shown, the op it needs, its module in npattn.functional, the step), dearest first: a
 #: parallel warm-up hands them out in this order.
 STEPS = [("scaled_dot_product_attention", "scaled_dot_product_attention", "attention",
@@ -218,6 +231,8 @@ STEPS = [("scaled_dot_product_attention", "scaled_dot_product_attention", "atten
          ("cross_entropy", "cross_entropy", "cross_entropy", _cross_entropy),
          ("dropout", "dropout", "dropout", _dropout),
          ("gelu", "gelu", "gelu", _gelu),
+         ("attention with a KV cache", "scaled_dot_product_attention_with_kv_cache",
+          "attention", _kv_cache),
          ("embedding", "embedding", "embedding", _embedding),
          ("attention", "attention", "attention", _attention)]       # (with the first: SHARED)
 
