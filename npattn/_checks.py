@@ -372,6 +372,9 @@ def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_ca
                              f"{'not C-contiguous' if not cache.flags.c_contiguous else 'read-only'}")
         caches.append(cache)
     key_cache, value_cache = caches
+    if np.may_share_memory(key_cache, value_cache):
+        raise ValueError("key_cache and value_cache must be separate arrays (the new keys and "
+                         "values are written into them); got two that share memory")
     kv_heads, capacity = key_cache.shape[-3:-1]
     if key_cache.shape[-1] != width:
         raise ValueError(f"key_cache must have shape (..., Hkv, Smax, {width}) to match query "

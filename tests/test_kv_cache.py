@@ -604,6 +604,8 @@ def test_accepts_lists_numpy_ints_and_a_broadcast_kv_head():
 Q = np.ones((2, 4, 3, 5))                   # (B, H, L, E)
 KC, VC = np.zeros((2, 2, 10, 5)), np.zeros((2, 2, 10, 7))   # (B, Hkv, Smax, E / Ev)
 K, V = np.ones((2, 2, 3, 5)), np.ones((2, 2, 3, 7))         # (B, Hkv, L, E / Ev)
+SAME = np.zeros((2, 2, 10, 5))              # one array passed as both caches
+WIDE = np.zeros((2, 2, 10, 12))             # its last dim cut into the two caches
 
 
 def read_only(a):
@@ -679,6 +681,10 @@ BAD_INPUT = [                 # the arguments changed, the error, the words of t
     (lambda: dict(scale=1j), TypeError, "scale"),
     (lambda: dict(is_causal=1), TypeError, "is_causal"),
     (lambda: dict(is_causal=None), TypeError, "is_causal"),
+    (lambda: dict(key_cache=SAME, value_cache=SAME), ValueError,               # E = Ev: one
+     "key_cache and value_cache.*separate"),                                   # array for both
+    (lambda: dict(key_cache=WIDE[..., :5], value_cache=WIDE[..., 5:]), ValueError,
+     "C-contiguous"),                                                          # halves of one
 ]
 
 

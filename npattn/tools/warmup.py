@@ -55,15 +55,17 @@ DTYPES = {"float32": (np.float32,), "float64": (np.float64,), "both": (np.float3
 
 
 def _op(name, module):
-    """The public op ``name`` (from ``npattn``, or else ``npattn.functional.<module>``), or None
-    when this version has no such op."""
+    """The public op ``name`` (from ``npattn``, or else ``npattn.functional.<module>``, or else
+    ``npattn.<module>``: ``optim``'s optimisers), or None when this version has no such op."""
     import npattn
     found = getattr(npattn, name, None)
-    if found is None:
+    for package in ("npattn.functional.", "npattn."):
+        if found is not None:
+            break
         try:
-            found = getattr(importlib.import_module(f"npattn.functional.{module}"), name, None)
+            found = getattr(importlib.import_module(f"{package}{module}"), name, None)
         except ImportError:
-            return None
+            pass
     return found
 
 
@@ -76,8 +78,10 @@ def _linear(dtype, rng):
     x = rng.standard_normal((2, 3, 8)).astype(dtype)             # (..., Fin)
     w = rng.standard_normal((6, 8)).astype(dtype)                # (Fout, Fin)
     b = rng.standard_normal(6).astype(dtype)
-    y = linear(x, w, b)                                          # small dot products
-    linear(x, w)
+    y = linear(x, w, b)                                          # small dot products (their
+    linear(x, w)                                                 # serial twin: few of them)
+    linear(rng.standard_normal((1, 96)).astype(dtype),          # one row on every thread:
+           rng.standard_normal((1000, 96)).astype(dtype))       # the parallel small dots
     linear_backward(y, x, w, b)                                  # packed GEMM, column sums
     linear_backward(y, x, w)
     xb = rng.standard_normal((64, 128)).astype(dtype)            # > SMALL multiply-adds:
@@ -193,16 +197,18 @@ def _layer_norm(dtype, rng):
     w = rng.standard_normal((2, 4)).astype(dtype)
     b = rng.standard_normal((2, 4)).astype(dtype)
     for args in (((4,),), ((2, 4), w, b)):
-        y = forward(x, *args)
+        y = forward(x, *args)                                    # (small: the serial twin)
         backward(np.ones_like(y), x, *args)
+    forward(rng.standard_normal((40, 128)).astype(dtype), (128,))   # the parallel forward
 
 
 def _gelu(dtype, rng):
     forward, backward = _op("gelu", "gelu"), _op("gelu_backward", "gelu")
-    x = rng.standard_normal((3, 5)).astype(dtype)
-    for approximate in ("none", "tanh"):       # one kernel each way: a flag, not a signature
-        y = forward(x, approximate)
-        backward(y, x, approximate)
+    for n in (15, 5000):                       # one block (the serial twins), then several
+        x = rng.standard_normal(n).astype(dtype)
+        for approximate in ("none", "tanh"):   # one kernel each way: a flag, not a signature
+            y = forward(x, approximate)
+            backward(y, x, approximate)
 
 
 def _kv_cache(dtype, rng):
@@ -216,6 +222,20 @@ def _kv_cache(dtype, rng):
     value = rng.standard_normal((2, 2, 2, 6)).astype(dtype)       # (B, Hkv, L, Ev)
     with_kv_cache(q, key_cache, value_cache, 3, key, value, is_causal=True, enable_gqa=True)
     with_kv_cache(q[:1, :1], key_cache[:1, :1], value_cache[:1, :1], 130)   # several chunks
+    # past decode.SERIAL_MACS: the parallel kernel (the calls above run its serial twin)
+    with_kv_cache(np.repeat(q, 8, axis=-1), np.repeat(key_cache, 8, axis=-1), value_cache, 138,
+                  enable_gqa=True)
+
+
+def _adam(dtype, rng):
+    # Adam's fused update (kernels/adam.py), used by optim.Adam and optim.AdamW: a parameter
+    # of one BLOCK or less (the serial twin) and a larger one (the parallel kernel)
+    from npattn import nn, optim
+    from npattn.kernels.adam import BLOCK
+    params = [nn.Parameter(rng.standard_normal(n).astype(dtype)) for n in (10, BLOCK + 1)]
+    for p in params:
+        p.grad = np.ones_like(p.data)
+    optim.AdamW(params, amsgrad=True).step()
 
 
 #: (name shown, the op it needs, its module in npattn.functional, the step), dearest first: a
@@ -233,6 +253,7 @@ STEPS = [("scaled_dot_product_attention", "scaled_dot_product_attention", "atten
          ("gelu", "gelu", "gelu", _gelu),
          ("attention with a KV cache", "scaled_dot_product_attention_with_kv_cache",
           "attention", _kv_cache),
+         ("Adam, AdamW", "AdamW", "optim", _adam),
          ("embedding", "embedding", "embedding", _embedding),
          ("attention", "attention", "attention", _attention)]       # (with the first: SHARED)
 
@@ -302,6 +323,8 @@ def missing(kernels, dtypes, ops=None):
             continue
         wanted = asked if only is None else {only}
         signatures = k.dispatcher.signatures
+        if k.twin and signatures and not k.serial_signatures:   # (a step ran its kernel)
+            gaps.append(f"{name} (its serial twin)")
         if not signatures and ops is not None:
             continue
         if not signatures:
