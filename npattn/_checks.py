@@ -367,9 +367,9 @@ def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_ca
             raise ValueError(f"{name} must have shape {lead + ('Hkv', 'Smax', '·')} to match "
                              f"query {query.shape}; got {cache.shape}")
         if not (cache.flags.c_contiguous and cache.flags.writeable):
+            what = "not C-contiguous" if not cache.flags.c_contiguous else "read-only"
             raise ValueError(f"{name} must be a C-contiguous, writeable array (it is written "
-                             f"in place and read without a copy); got one that is "
-                             f"{'not C-contiguous' if not cache.flags.c_contiguous else 'read-only'}")
+                             f"in place and read without a copy); got one that is {what}")
         caches.append(cache)
     key_cache, value_cache = caches
     if np.may_share_memory(key_cache, value_cache):
@@ -399,9 +399,9 @@ def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_ca
     new = 0 if key is None else n_rows
     cache_length = int_value("cache_length", cache_length)
     if not 0 <= cache_length <= capacity - new:
+        written = f", and {new} new ones are written at cache_length" if new else ""
         raise ValueError(f"cache_length must be in [0, {capacity - new}] (the caches hold "
-                         f"Smax = {capacity} positions{f', and {new} new ones are written at cache_length' if new else ''}); "
-                         f"got {cache_length}")
+                         f"Smax = {capacity} positions{written}); got {cache_length}")
     if key is not None:
         key = float_array("key", key)
         value = float_array("value", value)

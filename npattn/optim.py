@@ -4,7 +4,8 @@ Each ``step()`` reads every parameter's accumulated ``grad`` and updates its ``d
 following the pseudocode of PyTorch's documentation for that class -- copied into each
 docstring below -- in the order PyTorch's (single-tensor) implementation evaluates it, so a
 run agrees with ``torch.optim`` to a few ulps of the parameter's dtype (PyTorch fuses some
-multiply-adds, NumPy rounds each operation). The usage is PyTorch's::
+multiply-adds, and so does npattn's Adam kernel; SGD's NumPy rounds each operation). The usage
+is PyTorch's::
 
     opt = Adam(model.parameters(), lr=1e-3)
     for x, target in batches:
@@ -22,7 +23,8 @@ moments) is kept in that dtype too, as in PyTorch. Hyperparameters are Python fl
 rounded to the parameter's dtype where they multiply an array (NumPy's rule for Python scalars,
 and PyTorch's). SGD's update is whole-array NumPy per parameter; Adam's and AdamW's, a dozen
 NumPy operations each with its temporary, run as one fused pass per parameter
-(``kernels/adam.py``: 2.3 ms -> XXX for the baby GPT's 0.8 M parameters on a 2-CPU Zen 4).
+(``kernels/adam.py``; measured on a 2-CPU Zen 4, one AdamW step: 2.26 -> 1.25 ms for the baby
+GPT's 0.81 M parameters, 28.8 -> 6.9 ms for the 6-layer one's 10.8 M).
 
 ``state_dict()`` / ``load_state_dict()`` use PyTorch's layout and key names (``"state"`` keyed by
 the parameter's position across groups, holding ``"momentum_buffer"`` or ``"step"``,
