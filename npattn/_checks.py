@@ -265,6 +265,22 @@ def dropout_args(x, p, seed, training):
 ALIGNMENTS = ("top-left", "bottom-right")
 
 
+def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names):
+    """The flag enable_gqa, after checking that query's ``heads`` may read ``kv_heads`` key and
+    value heads: equal, or a multiple of them with enable_gqa (or kv_heads 1, which
+    broadcasts). ``names``: how the messages call the kv heads' owners, possessive and plain."""
+    enable_gqa = flag("enable_gqa", enable_gqa)
+    if heads != kv_heads:
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(f"query's heads (dim -3) must be a multiple of {names[0]}; got "
+                             f"query {query.shape}, {key_name} {key.shape}")
+        if not enable_gqa and kv_heads != 1:
+            raise ValueError(f"query has {heads} heads and {names[1]} {kv_heads}: pass "
+                             f"enable_gqa=True for grouped-query attention; got query "
+                             f"{query.shape}, {key_name} {key.shape}")
+    return enable_gqa
+
+
 def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, seed,
                    causal_alignment, mask_name):
     """Everything scaled_dot_product_attention takes, checked; returns a dict of it.
@@ -296,15 +312,8 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
     if value_heads != kv_heads:
         raise ValueError(f"value must have {kv_heads} heads (dim -3) to match key "
                          f"{key.shape}; got {value.shape}")
-    enable_gqa = flag("enable_gqa", enable_gqa)
-    if heads != kv_heads:
-        if kv_heads == 0 or heads % kv_heads:
-            raise ValueError(f"query's heads (dim -3) must be a multiple of key's and "
-                             f"value's; got query {query.shape}, key {key.shape}")
-        if not enable_gqa and kv_heads != 1:
-            raise ValueError(f"query has {heads} heads and key/value {kv_heads}: pass "
-                             f"enable_gqa=True for grouped-query attention; got query "
-                             f"{query.shape}, key {key.shape}")
+    enable_gqa = gqa_heads(heads, kv_heads, enable_gqa, query, "key", key,
+                           ("key's and value's", "key/value"))
     try:
         batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
     except ValueError:
@@ -382,15 +391,8 @@ def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_ca
     if value_cache.shape[-3:-1] != (kv_heads, capacity):
         raise ValueError(f"value_cache must have shape (..., {kv_heads}, {capacity}, Ev) to "
                          f"match key_cache {key_cache.shape}; got {value_cache.shape}")
-    enable_gqa = flag("enable_gqa", enable_gqa)
-    if heads != kv_heads:
-        if kv_heads == 0 or heads % kv_heads:
-            raise ValueError(f"query's heads (dim -3) must be a multiple of the caches'; got "
-                             f"query {query.shape}, key_cache {key_cache.shape}")
-        if not enable_gqa and kv_heads != 1:
-            raise ValueError(f"query has {heads} heads and the caches {kv_heads}: pass "
-                             f"enable_gqa=True for grouped-query attention; got query "
-                             f"{query.shape}, key_cache {key_cache.shape}")
+    enable_gqa = gqa_heads(heads, kv_heads, enable_gqa, query, "key_cache", key_cache,
+                           ("the caches'", "the caches"))
     if (key is None) != (value is None):
         raise ValueError(f"key and value must be given together (the new entries of both "
                          f"caches) or both be None; got key "
