@@ -228,6 +228,15 @@ kernel = _jit(OPTIONS)
 #: ``kernels/exp.py``.
 fma_kernel = _jit({**OPTIONS, "fastmath": {"contract"}})
 
+#: IEEE arithmetic as written: no fused multiply-add, no reassociation. For element-wise code
+#: whose copies must agree bit for bit however LLVM optimises each one (Adam's update). A
+#: serial kernel that a kernel calls is compiled twice: on its own, and again inside the
+#: caller's library, where LLVM optimises it once more; which copy runs depends on whether the
+#: standalone one was in the process first (compiled here: yes; loaded from the disk cache: no).
+#: With ``contract`` the two copies may fuse different multiply-adds (measured: Adam's
+#: ``v·β2 + (1-β2)·g·g``), so results would depend on compiled-here versus cached.
+exact_kernel = _jit({**OPTIONS, "fastmath": False})
+
 _launch_lock = threading.Lock()
 _layer_is_concurrent = None  # None until the first parallel launch tells us the layer
 

@@ -12,6 +12,7 @@ import hashlib
 import numpy as np
 import numba
 import npattn
+import npattn.nn, npattn.optim
 assert numba.get_num_threads() == {threads}
 rng = np.random.default_rng(1)
 digest = hashlib.sha256()
@@ -61,6 +62,32 @@ for dtype in (np.float32, np.float64):
     for approximate in ("none", "tanh"):   # 3·37·129 elements: several prange blocks
         g = npattn.gelu(x, approximate)
         outs += [g, npattn.gelu_backward(ln, x, approximate)]
+    # work small enough for the serial twins (one row: small_dot, layer norm, gelu) next to
+    # the parallel kernels above
+    row = x[0, :1]
+    outs += [npattn.linear(row, w, b), npattn.layer_norm(row, 129, gamma, beta),
+             npattn.gelu(row, "none"), npattn.gelu(row, "tanh")]
+    # the decode path: key chunks on both threads (long cache) and its serial twin (short)
+    for n_cache in (700, 20):
+        kc = np.zeros((1, 2, n_cache + 2, 24), dtype)
+        vc = np.zeros((1, 2, n_cache + 2, 20), dtype)
+        kc[..., :n_cache, :] = rng.standard_normal((1, 2, n_cache, 24))
+        vc[..., :n_cache, :] = rng.standard_normal((1, 2, n_cache, 20))
+        outs += [*npattn.scaled_dot_product_attention_with_kv_cache(
+            q[..., :2, :], kc, vc, n_cache, k[..., :2, :], v[..., :2, :], is_causal=True,
+            enable_gqa=True), kc, vc]
+    # an optimiser step: Adam's fused update on a parameter of one block (its serial twin)
+    # and one of several (the parallel kernel), each weight-decay mode and amsgrad
+    for optimizer, options in ((npattn.optim.Adam, dict(weight_decay=0.01, amsgrad=True)),
+                               (npattn.optim.AdamW, dict(weight_decay=0.1))):
+        params = [npattn.nn.Parameter(rng.standard_normal(size).astype(dtype))
+                  for size in (1000, 40000)]
+        opt = optimizer(params, lr=1e-2, **options)
+        for _ in range(2):
+            for p in params:
+                p.grad = rng.standard_normal(p.data.shape).astype(dtype)
+            opt.step()
+        outs += [p.data for p in params]
     for o in outs:
         digest.update(np.ascontiguousarray(o).tobytes())
 print(digest.hexdigest())

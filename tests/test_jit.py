@@ -50,6 +50,8 @@ FMA_ONLY = {*(f"micro_{mr}x{nr}" for mr, nr in tiles.TILES.values()),
             "exp_scaled", "mills", "half_square_exp", "tail_ratio", "tanh_parts",
             "normal_forward_block", "normal_backward_block", "tanh_forward_block",
             "tanh_backward_block"}
+# exact_kernel: no fastmath at all, so that every copy of the code gives the same bits
+EXACT = {"adam_block"}
 
 
 def test_fastmath_never_assumes_finite_math():
@@ -67,6 +69,8 @@ def test_every_kernel_takes_the_project_options():
         expected = dict(_jit.OPTIONS)
         if dispatcher.py_func.__name__ in FMA_ONLY:
             expected["fastmath"] = {"contract"}
+        elif dispatcher.py_func.__name__ in EXACT:
+            expected["fastmath"] = False
         for option, value in expected.items():
             if option == "cache":  # kept apart from the target options, as the cache object
                 assert not isinstance(dispatcher._cache, numba.core.caching.NullCache), name

@@ -14,16 +14,17 @@ PyTorch round a Python float that multiplies an array::
     vmax = max(vmax, v), v = vmax          amsgrad
     θ  = θ - (step_size·m) / (√v / √(1 - β2^t) + ε),   step_size = lr / (1 - β1^t)
 
-The caller computes step_size and √(1 - β2^t) in float64, once per step. Contract (fused
-multiply-add) may fuse a product into the add after it: the result differs from NumPy's
-separately rounded operations by an ulp or so, within the tolerance torch.optim's own fused
-kernels are tested to. Accumulator: none (no reduction).
+The caller computes step_size and √(1 - β2^t) in float64, once per step. Every operation is
+rounded as written (``exact_kernel``: no fused multiply-add), so the update gives NumPy's bits
+for the same expression, and the same bits however LLVM optimises the copy that runs --
+compiled in this process or loaded from the disk cache (``_jit.exact_kernel`` says why that
+needed it). Accumulator: none (no reduction).
 """
 import math
 
 from numba import prange
 
-from .._jit import kernel, parallel_kernel
+from .._jit import exact_kernel, parallel_kernel
 
 BLOCK = 16384  # elements per prange iteration; a parameter of one BLOCK or less runs serially
 
@@ -31,7 +32,7 @@ BLOCK = 16384  # elements per prange iteration; a parameter of one BLOCK or less
 NO_DECAY, L2_PENALTY, DECOUPLED = 0, 1, 2   # weight decay: none, Adam's, AdamW's
 
 
-@kernel
+@exact_kernel
 def adam_block(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, start, stop, decay_factor,
                weight_decay, beta1_rest, beta2, beta2_rest, eps, step_size, correction2,
                decay, amsgrad, maximize):
