@@ -11,6 +11,7 @@ Policy
 * What the kernels get back: C-contiguous arrays of one dtype (a copy only when the input was
   not already one).
 """
+import collections
 import math
 import numbers
 
@@ -281,9 +282,19 @@ def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names):
     return enable_gqa
 
 
+#: scaled_dot_product_attention's arguments, checked (attention_args): query, key, value
+#: C-contiguous arrays of one float dtype; mask None, or a C-contiguous bool or query-dtype
+#: array; batch the broadcast batch dims (a tuple); heads H; dropout_p a float; is_causal a
+#: bool; scale a float (1/√E by default); seed an int; bottom_right: the causal alignment is
+#: "bottom-right"; out_ndim the rank of the output.
+AttentionArgs = collections.namedtuple(
+    "AttentionArgs", "query key value mask batch heads dropout_p is_causal scale seed "
+                     "bottom_right out_ndim")
+
+
 def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, seed,
                    causal_alignment, mask_name):
-    """Everything scaled_dot_product_attention takes, checked; returns a dict of it.
+    """Everything scaled_dot_product_attention takes, checked; returns an AttentionArgs.
 
     query (..., H, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -- or 2-D (L, E) etc.
     without a head dim -- of one float dtype; leading batch dims broadcast; H = Hkv, or a
@@ -346,11 +357,12 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}; got "
                          f"{causal_alignment!r}")
     query, key, value = contiguous(query, key, value)
-    return dict(query=query, key=key, value=value, mask=mask, batch=batch, heads=heads,
-                dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
-                scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
-                seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
-                out_ndim=max(query.ndim, key.ndim, value.ndim))
+    return AttentionArgs(
+        query=query, key=key, value=value, mask=mask, batch=batch, heads=heads,
+        dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
+        scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
+        seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
+        out_ndim=max(query.ndim, key.ndim, value.ndim))
 
 
 def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_causal, scale,

@@ -327,10 +327,15 @@ def parallel_kernel(func=None, *, twin=False):
 
 def _arg_key(value):
     """What decides the Numba type of a kernel argument, cheaply: for an array (or NumPy
-    scalar) its dtype, rank, layout, writability and alignment; else its Python type. (An int
-    past int64, whose type would differ, is refused by Numba's dispatcher anyway.)"""
+    scalar) its dtype, rank, layout, writability and alignment; for a tuple (a record of
+    kernel state, a namedtuple) its class and the key of each field, recursively -- the class
+    alone would serve code compiled for other field types (measured: an int64 body reading a
+    float64 field's bits); else its Python type. (An int past int64, whose type would differ,
+    is refused by Numba's dispatcher anyway.)"""
     flags = getattr(value, "flags", None)
     if flags is None:
+        if isinstance(value, tuple):
+            return (type(value),) + tuple(map(_arg_key, value))
         return type(value)
     return (type(value), value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous,
             flags.writeable, flags.aligned)

@@ -422,6 +422,43 @@ def test_attention_matches_reference(case, mask_grad):
     for name, got, w in zip(GRAD_NAMES, grads, case.reference_backward()):
         check(name, got, w, case, b)
     assert attention_forward is attention
+    # the logsumexp kept from forward: the same results, bit for bit, without a second forward
+    out2, weights2, lse = attention(*args, **case.attention_kwargs(), return_logsumexp=True)
+    assert_identical(out2, out)
+    assert_identical(weights2, weights)
+    _, want_lse = scaled_dot_product_attention_forward(*args, **case.attention_kwargs())
+    assert_identical(lse, want_lse)
+    kept = attention_backward(case.dout, *args, **case.attention_kwargs(), mask_grad=mask_grad,
+                              output=out2, logsumexp=lse)
+    for got, want in zip(kept, grads, strict=True):
+        assert_identical(got, want)
+
+
+def assert_identical(got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_backward_with_the_kept_logsumexp_runs_no_forward(monkeypatch, dtype):
+    """attention(..., return_logsumexp=True) hands attention_backward what it needs: the
+    backward then launches the backward kernel only (without them, the forward first)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 9, 8)).astype(dtype) for _ in range(3))
+    dout = rng.standard_normal((2, 3, 9, 8)).astype(dtype)
+    engine = tiles.engine("attention", dtype)
+    launches = []
+    for name in ("attention_forward_kernel", "attention_backward_kernel"):
+        kernel = getattr(engine, name)
+        monkeypatch.setattr(engine, name, lambda *a, _k=kernel, _n=name: (launches.append(_n),
+                                                                         _k(*a))[1])
+    out, _, lse = attention(q, k, v, is_causal=True, return_logsumexp=True)
+    launches.clear()
+    attention_backward(dout, q, k, v, is_causal=True, output=out, logsumexp=lse)
+    assert launches == ["attention_backward_kernel"]
+    launches.clear()
+    attention_backward(dout, q, k, v, is_causal=True)
+    assert launches == ["attention_forward_kernel", "attention_backward_kernel"]
 
 
 # ------------------------------------------------------------------ against PyTorch
@@ -779,6 +816,11 @@ BAD_INPUT = [                               # call, error, a word the message mu
     (lambda: attention(Q, Q, Q, np.ones((3, 3), np.int32)), TypeError, "mask"),
     (lambda: attention(Q.astype(np.int32), Q, Q), TypeError, "query"),
     (lambda: attention_backward(DOUT, Q, K, V), ValueError, "key|query"),  # H != Hkv
+    (lambda: attention_backward(DOUT, Q, Q, Q, output=OUT), ValueError, "logsumexp"),
+    (lambda: attention_backward(DOUT, Q, Q, Q, logsumexp=LSE), ValueError, "output"),
+    (lambda: attention_backward(DOUT[..., :5], Q, Q, Q, output=OUT[..., :5],
+                                logsumexp=LSE[..., :2]), ValueError, "logsumexp"),
+    (lambda: attention(Q, Q, Q, return_logsumexp="yes"), TypeError, "return_logsumexp"),
 ]
 
 

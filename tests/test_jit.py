@@ -1,4 +1,5 @@
 """The Numba policy of npattn._jit: options, lazy compilation, and thread safety."""
+import collections
 import os
 import subprocess
 import sys
@@ -149,6 +150,34 @@ def _add_item(w, out, step):
 def _add_all(item, out, step):
     for w in numba.prange(out.shape[0]):
         _jit.call_body(item, (np.int64(w), out, step))
+
+
+_Record = collections.namedtuple("_Record", "values shift")
+
+
+@_jit.kernel
+def _record_item(w, out, record):
+    out[w] = record.values[w] + record.shift
+
+
+@_jit.parallel_items(_record_item)
+def _record_all(item, out, record):
+    for w in numba.prange(out.shape[0]):
+        _jit.call_body(item, (np.int64(w), out, record))
+
+
+def test_a_record_argument_gets_code_for_its_field_types():
+    """A namedtuple argument (the attention engine's records) is keyed by the types of its
+    fields, not its class alone: code compiled for int64 fields must not read float64 ones
+    (it read their bits as integers before the key looked inside)."""
+    out = np.zeros(4)
+    _record_all(out, _Record(np.arange(4, dtype=np.int64), 1))
+    assert out.tolist() == [1, 2, 3, 4]
+    _record_all(out, _Record(np.arange(4, dtype=np.float64) / 2, 0.25))
+    assert out.tolist() == [0.25, 0.75, 1.25, 1.75]
+    _record_all(out, _Record(np.arange(4, dtype=np.float64)[::-1], 0.0))   # another layout
+    assert out.tolist() == [3, 2, 1, 0]
+    assert len(_record_all.dispatcher.signatures) == 3
 
 
 def _address_types(kernel):

@@ -50,11 +50,14 @@ Edge cases (tests/test_numerics_edges.py), in float32 and float64:
   more keys of equal score -- the output is inf although the average is finite (use float64,
   or scale the values down). Backward's dout·valueᵀ and D are float32 sums likewise.
 """
+import collections
 import math
 
 import numpy as np
 
 from .. import _checks
+from ..kernels.attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, Dropout,
+                                       ForwardResults, Gradients, Inputs, Saved, Scores)
 from ..kernels.decode import SERIAL_MACS, decode_attention_kernel
 from ..kernels.random import keep_threshold, kept_scale, stream_key
 from ..kernels.tiles import engine
@@ -85,56 +88,64 @@ def _stack(x, batch, lead_ndim):
     return x4, index.flatten()                                    # (B,) (a writeable copy)
 
 
+#: One call's view for the engine (_prepare): ``kernels`` the attention engine of the dtype's
+#: register tile; ``inputs``, ``scores``, ``dropout`` the kernels' records
+#: (kernels/attention_state.py); ``shape`` the broadcast batch dims + (H, L); ``n_batch`` their
+#: product B; ``out_ndim`` the rank of the caller's output.
+Run = collections.namedtuple("Run", "kernels inputs scores dropout shape n_batch out_ndim")
+
+
 def _prepare(args):
-    """The kernels' view of the arguments: stacks, index maps, mask planes, dropout stream."""
-    batch, heads = args["batch"], args["heads"]
+    """The kernels' view of the checked arguments (an _checks.AttentionArgs): stacks, index
+    maps, mask planes, dropout stream -- a Run."""
+    batch, heads = args.batch, args.heads
     lead = len(batch)
-    q4, qi = _stack(args["query"], batch, lead)                  # (Bq, H, L, E)
-    k4, ki = _stack(args["key"], batch, lead)                    # (Bk, Hkv, S, E)
-    v4, vi = _stack(args["value"], batch, lead)                  # (Bv, Hkv, S, Ev)
-    mask = args["mask"]
+    q4, qi = _stack(args.query, batch, lead)                     # (Bq, H, L, E)
+    k4, ki = _stack(args.key, batch, lead)                       # (Bk, Hkv, S, E)
+    v4, vi = _stack(args.value, batch, lead)                     # (Bv, Hkv, S, Ev)
+    mask = args.mask
     dtype = q4.dtype
-    kernels = engine("attention", dtype)         # the attention engine of dtype's tile
-    bmask, fmask, kind = NO_BOOL, NO_FLOAT[dtype], kernels.NO_MASK
-    planes = np.zeros(math.prod(batch) * heads, np.int64)         # (B·H,)
+    bool_planes, float_planes, kind = NO_BOOL, NO_FLOAT[dtype], NO_MASK
+    plane_of = np.zeros(math.prod(batch) * heads, np.int64)      # (B·H,)
     if mask is not None:
         shape = (1,) * (lead + 3 - mask.ndim) + mask.shape        # (*batch_m, Hm, Lm, Sm)
         stored = shape[:-2]
         flat = mask.reshape((math.prod(stored),) + shape[-2:])     # (Nm, Lm, Sm)
-        planes = np.broadcast_to(np.arange(flat.shape[0], dtype=np.int64).reshape(stored),
-                                 batch + (heads,)).flatten()       # (B·H,)
+        plane_of = np.broadcast_to(np.arange(flat.shape[0], dtype=np.int64).reshape(stored),
+                                   batch + (heads,)).flatten()     # (B·H,)
         if mask.dtype == np.bool_:
-            bmask, kind = flat, kernels.BOOL_MASK
+            bool_planes, kind = flat, BOOL_MASK
         else:
-            fmask, kind = flat, kernels.FLOAT_MASK
+            float_planes, kind = flat, FLOAT_MASK
     n_rows, n_keys = q4.shape[2], k4.shape[2]
-    p = args["dropout_p"]
-    return dict(kernels=kernels, q=q4, k=k4, v=v4, qi=qi, ki=ki, vi=vi, bmask=bmask, fmask=fmask, planes=planes,
-                kind=kind, causal=args["is_causal"],
-                offset=n_keys - n_rows if args["bottom_right"] else 0, scale=args["scale"],
-                key=stream_key(args["seed"]), threshold=keep_threshold(p) if p > 0 else
-                np.uint64(0), drop_scale=kept_scale(p, dtype), shape=batch + (heads, n_rows),
-                n_batch=math.prod(batch), out_ndim=args["out_ndim"])
+    p = args.dropout_p
+    scores = Scores(scale=args.scale, mask_kind=kind, bool_planes=bool_planes,
+                    float_planes=float_planes, plane_of=plane_of, causal=args.is_causal,
+                    offset=n_keys - n_rows if args.bottom_right else 0)
+    dropout = Dropout(stream=stream_key(args.seed),
+                      threshold=keep_threshold(p) if p > 0 else np.uint64(0),
+                      scale=kept_scale(p, dtype))
+    return Run(kernels=engine("attention", dtype), inputs=Inputs(q4, k4, v4, qi, ki, vi),
+               scores=scores, dropout=dropout, shape=batch + (heads, n_rows),
+               n_batch=math.prod(batch), out_ndim=args.out_ndim)
 
 
 def _run_forward(run, store_weights):
     """out (B, H, L, Ev), lse (B, H, L), weights (B, H, L, S) or None, and the softmax's row
     max and row sum (B, H, L) each (lse = max + log sum), from the engine."""
-    q, k, v = run["q"], run["k"], run["v"]
-    n_batch, heads, n_rows = run["n_batch"], q.shape[1], q.shape[2]
+    q, k, v = run.inputs.q, run.inputs.k, run.inputs.v
+    n_batch, heads, n_rows = run.n_batch, q.shape[1], q.shape[2]
     out = np.empty((n_batch, heads, n_rows, v.shape[3]), q.dtype)
     lse = np.empty((n_batch, heads, n_rows), q.dtype)
     row_max = np.empty_like(lse)                                     # (B, H, L)
     row_sum = np.empty_like(lse)                                     # (B, H, L)
     weights = (np.empty((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_weights
                else np.empty((1, 1, 1, 1), q.dtype))               # (unused placeholder)
-    kernels = run["kernels"]
-    kernels.attention_forward_kernel(q, k, v, run["qi"], run["ki"], run["vi"], run["bmask"],
-                                     run["fmask"], run["planes"], run["kind"], run["causal"],
-                                     run["offset"], run["scale"], run["key"], run["threshold"],
-                                     run["drop_scale"], out, lse, row_max, row_sum, weights,
-                                     store_weights,
-                                     kernels.forward_block_rows(n_batch * heads, n_rows))
+    kernels = run.kernels
+    kernels.attention_forward_kernel(
+        run.inputs, run.scores, run.dropout,
+        ForwardResults(out, lse, row_max, row_sum, weights, store_weights),
+        kernels.forward_block_rows(n_batch * heads, n_rows))
     if store_weights:                        # weights = exp(s - lse): renormalise where lse
         norm = _normalisers(lse, (row_max, row_sum))       # lost log l (exactly 1 elsewhere)
         far = norm != 1
@@ -160,8 +171,8 @@ def _normalisers(lse, stats):
 def _caller_shape(run, tail):
     """The caller's shape of a (B, H, L) + tail result: batch... + (H, L) + tail, without the
     head dim when every input was 2-D."""
-    full = run["shape"] + tail                                    # (*batch, H, L, *tail)
-    return full[len(full) - (run["out_ndim"] - 1 + len(tail)):]
+    full = run.shape + tail                                       # (*batch, H, L, *tail)
+    return full[len(full) - (run.out_ndim - 1 + len(tail)):]
 
 
 def _shaped(x, run):
@@ -181,9 +192,9 @@ def _splits(run):
     """How many copies of dq the backward adds into: enough work items (B·Hkv·splits) to keep
     the threads busy when there are few heads. A function of the shapes only (never of the
     thread count), so the sums -- and bits -- are the same everywhere."""
-    kernels = run["kernels"]
-    n_kb = -(-run["k"].shape[2] // kernels.BK)
-    items = run["n_batch"] * run["k"].shape[1]
+    kernels = run.kernels
+    n_kb = -(-run.inputs.k.shape[2] // kernels.BK)
+    items = run.n_batch * run.inputs.k.shape[1]
     return max(1, min(n_kb, -(-kernels.WORK_ITEMS // max(items, 1))))
 
 
@@ -191,35 +202,31 @@ def _run_backward(run, dout, out, lse, norm, store_ds):
     """dq (B, H, L, E), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, and the
     gradient of the masked scores (B, H, L, S) when store_ds. ``norm`` (B, H, L): each row's
     Σ_j exp(s_j - lse) (_normalisers)."""
-    q, k, v = run["q"], run["k"], run["v"]
-    n_batch, heads, n_rows = run["n_batch"], q.shape[1], q.shape[2]
+    q, k, v = run.inputs.q, run.inputs.k, run.inputs.v
+    n_batch, heads, n_rows = run.n_batch, q.shape[1], q.shape[2]
     dq_parts = np.zeros((_splits(run), n_batch, heads, n_rows, q.shape[3]), q.dtype)
     dk = np.empty((n_batch,) + k.shape[1:], q.dtype)
     dv = np.empty((n_batch,) + v.shape[1:], q.dtype)
     dscores = (np.zeros((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_ds
                else np.empty((1, 1, 1, 1), q.dtype))
-    kernels = run["kernels"]
-    kernels.attention_backward_kernel(q, k, v, dout, out, lse, norm, run["qi"], run["ki"],
-                                      run["vi"], run["bmask"], run["fmask"], run["planes"],
-                                      run["kind"], run["causal"], run["offset"], run["scale"],
-                                      run["key"], run["threshold"], run["drop_scale"],
-                                      dq_parts, dk, dv, dscores, store_ds)
+    run.kernels.attention_backward_kernel(run.inputs, run.scores, run.dropout,
+                                          Saved(dout, out, lse, norm),
+                                          Gradients(dq_parts, dk, dv, dscores, store_ds))
     dq = dq_parts[0] if dq_parts.shape[0] == 1 else dq_parts.sum(axis=0)   # in split order
-    dq *= q.dtype.type(run["scale"])
+    dq *= q.dtype.type(run.scores.scale)
     return dq, dk, dv, (dscores if store_ds else None)
 
 
 def _gradients(args, run, dq, dk, dv, dscores):
     """Each gradient in its input's shape (summed over broadcast batch dims; dk, dv over the
     query heads that shared a key/value head)."""
-    batch = run["shape"][:-2]
+    batch = run.shape[:-2]
     grads = []
-    for name, g in (("query", dq), ("key", dk), ("value", dv)):
+    for x, g in ((args.query, dq), (args.key, dk), (args.value, dv)):
         g = g.reshape(batch + g.shape[1:])                       # (*batch, heads, N, W)
-        x = args[name]
         grads.append(_sum_to(g, (1,) * (len(batch) + 3 - x.ndim) + x.shape).reshape(x.shape))
     if dscores is not None:
-        mask = args["mask"]
+        mask = args.mask
         full = dscores.reshape(batch + dscores.shape[1:])        # (*batch, H, L, S)
         grads.append(np.asarray(_sum_to(full, mask.shape)).reshape(mask.shape))  # 0-d: an array
     return tuple(grads)
@@ -228,18 +235,18 @@ def _gradients(args, run, dq, dk, dv, dscores):
 def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
     """dout and output as (B, H, L, Ev), logsumexp as (B, H, L): checked against the shapes
     forward gave for these arguments, one dtype, C-contiguous."""
-    q, v = run["q"], run["v"]
-    stacked = (run["n_batch"], q.shape[1], q.shape[2])             # (B, H, L)
+    q, v = run.inputs.q, run.inputs.v
+    stacked = (run.n_batch, q.shape[1], q.shape[2])                # (B, H, L)
     arrays = []
     for name, x, tail in (("dout", dout, (v.shape[3],)), ("output", output, (v.shape[3],)),
                           ("logsumexp", logsumexp, ())):
         x = _checks.float_array(name, x)
-        _checks.same_dtype(name, x, "query", args["query"])
+        _checks.same_dtype(name, x, "query", args.query)
         _checks.exact_shape(name, x, _caller_shape(run, tail),
                             "to match forward's for these query, key and value")
         arrays.append(_checks.contiguous(x).reshape(stacked + tail))
     if _checks.flag("mask_grad", mask_grad):
-        mask = args["mask"]
+        mask = args.mask
         if mask is None or mask.dtype == np.bool_:
             raise ValueError(f"mask_grad=True needs a float {mask_name} (a bool mask has no "
                              f"gradient); got {'None' if mask is None else 'a bool mask'}")
@@ -302,7 +309,7 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
 
 
 def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_causal=False,
-              seed=None, causal_alignment="top-left"):
+              seed=None, causal_alignment="top-left", return_logsumexp=False):
     """The article's ``attention``: ``(output, weights)`` with weights = dropout(softmax(
     query·keyᵀ/√d_k + mask)), the article's ``p_attn``, and output = weights · value.
 
@@ -311,33 +318,47 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
 
     The same engine as scaled_dot_product_attention; only here is the L×S matrix of weights
     written, because the caller asked for it. ``mask``: bool (True = attend) or float (added).
+    ``return_logsumexp=True`` returns ``(output, weights, logsumexp)``, logsumexp (..., L):
+    hand output and logsumexp to attention_backward and it skips running the forward again.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
                                   seed, causal_alignment, "mask")
     run = _prepare(args)
-    out, _, weights, _ = _run_forward(run, store_weights=True)
+    out, lse, weights, _ = _run_forward(run, store_weights=True)
+    if _checks.flag("return_logsumexp", return_logsumexp):
+        return _shaped(out, run), _shaped(weights, run), _shaped(lse, run)
     return _shaped(out, run), _shaped(weights, run)
 
 
 def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, scale=None,
                        is_causal=False, seed=None, causal_alignment="top-left",
-                       mask_grad=False):
+                       mask_grad=False, output=None, logsumexp=None):
     """Gradients of ``attention``'s output: ``(dquery, dkey, dvalue)`` (and ``dmask``).
 
     Shapes: dout (..., L, Ev) and forward's arguments -> dquery, dkey, dvalue (and dmask) in
-    the shapes of query, key, value (and mask)
+    the shapes of query, key, value (and mask); output (..., L, Ev), logsumexp (..., L)
 
-    Runs the fused forward again for the logsumexp (attention's caller holds the weights, not
-    the logsumexp), then scaled_dot_product_attention_backward's engine. The gradient flows
+    The engine of scaled_dot_product_attention_backward, which rebuilds the weights from the
+    logsumexp: pass ``output`` and ``logsumexp`` from ``attention(..., return_logsumexp=
+    True)``, or neither and the fused forward runs again for them. The gradient flows
     through the pre-dropout probabilities -- at dropped positions too -- not through the
     returned weights.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
                                   seed, causal_alignment, "mask")
     run = _prepare(args)
-    out, lse, _, stats = _run_forward(run, store_weights=False)
-    dout, _, _ = _backward_args(dout, _shaped(out, run), _shaped(lse, run), args, run, "mask",
-                                mask_grad)
+    if (output is None) != (logsumexp is None):
+        given, missing = ("output", "logsumexp") if logsumexp is None else ("logsumexp",
+                                                                               "output")
+        raise ValueError(f"attention_backward needs output and logsumexp together (both "
+                         f"from attention(..., return_logsumexp=True)) or neither; got "
+                         f"{given} without {missing}")
+    if output is None:
+        out, lse, _, stats = _run_forward(run, store_weights=False)
+        output, logsumexp = _shaped(out, run), _shaped(lse, run)
+    else:
+        stats = lambda: _run_forward(run, store_weights=False)[3]   # noqa: E731 (rare rows)
+    dout, out, lse = _backward_args(dout, output, logsumexp, args, run, "mask", mask_grad)
     return _gradients(args, run, *_run_backward(run, dout, out, lse, _normalisers(lse, stats),
                                                 mask_grad))
 

@@ -34,15 +34,20 @@ adds into its own copy of dq (``dq_parts[split]``), which the caller sums in spl
 one split when there are enough heads to keep the threads busy, so no copy at all. The number
 of splits depends on the shapes only, never on the thread count: the same bits everywhere.
 
-Masks are read through their broadcast shape: ``bmask``/``fmask`` hold planes (Lm, Sm) with
-Lm in {1, L} and Sm in {1, S}, and ``planes[b·H + h]`` says which plane head (b, h) uses, so a
-(L, S) padding mask is one plane however many heads read it. Causal: key j is visible to query
-i when j <= i + offset (offset 0: top-left, PyTorch's rule; S - L: bottom-right). Key blocks
-that no query of a block can see are skipped, not computed, and so are the keys past the
-diagonal of each forward panel and the fully masked tiles of backward.
+The kernels' arguments are the records of ``kernels/attention_state.py``, passed down
+unchanged: ``inputs`` (q, k, v and the broadcast index maps), ``scores`` (scale, mask, causal),
+``dropout``, and what a kernel writes (``results``, ``grads``) or reads back (``saved``).
+Masks are read through their broadcast shape: ``scores.bool_planes``/``float_planes`` hold
+planes (Lm, Sm) with Lm in {1, L} and Sm in {1, S}, and ``scores.plane_of[b·H + h]`` says
+which plane head (b, h) uses, so a (L, S) padding mask is one plane however many heads read
+it. Which keys a row may see at all is one rule, ``key_end(scores, i)`` (causal: j <= i +
+offset; offset 0: top-left, PyTorch's rule; S - L: bottom-right). Key blocks that no query of
+a block can see are skipped, not computed, and so are the keys past ``key_end`` in each
+forward panel and the tiles of backward wholly past it.
 
-Dropout: weight (b, h, i, j) is kept when ``keep(key, ((b·H + h)·L + i)·S + j, threshold)``
-(``kernels/random.py``), in forward and again in backward -- no mask is stored.
+Dropout: weight (b, h, i, j) is kept when
+``keep(dropout.stream, ((b·H + h)·L + i)·S + j, dropout.threshold)`` (``kernels/random.py``),
+in forward and again in backward -- no mask is stored.
 
 Layouts. Forward computes the scores transposed, MR keys × NR queries per micro-kernel tile
 (a key strip times a query panel), written straight into ``pt`` (keys × NR queries): each tile
@@ -66,6 +71,9 @@ from numba import prange
 
 from .._jit import call_body, kernel, parallel_items
 from . import _gemm_micro, tiles
+from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, Dropout,  # noqa: F401
+                              ForwardResults, Gradients, Inputs, KeyBlock, QueryBlock, Saved,
+                              Scores, Scratch, head_planes, key_end)
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .random import keep
 
@@ -85,7 +93,6 @@ BK = 128          # keys per backward block (a multiple of NR and of MR)
 WORK_ITEMS = 8  # backward splits dq when fewer (batch, kv head) pairs than this (see caller)
 CHUNK = 4       # backward: key blocks (of one item) swept per pass over the query blocks; their
                 # packed k, v and dk, dv (~0.3 MiB at E = 64, float32) stay in L2
-NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
 # The geometry the loops rely on, for the tile in force: whole strips (MR) and panels (NR) per
 # block, and a forward panel never wider than its item.
@@ -146,13 +153,14 @@ def pack_columns(x, r0, rows, lanes, capacity, out):
 
 
 @kernel
-def mask_tile(tile, i0, rows, j0, cols, bplane, fplane, mask_kind, causal, offset):
+def mask_tile(tile, i0, rows, j0, cols, scores, bplane, fplane):
     # tile[r, c], the scaled score of query i0 + r and key j0 + c, becomes -inf where that key
-    # does not take part: past the last row or key, a False in a bool mask, or above the
-    # causal diagonal (j > i + offset); a float mask is added. bplane/fplane (Lm, Sm) are
-    # read through their broadcast shape.
+    # does not take part: past the last row or key, a False in a bool mask, or at or past the
+    # row's key_end (the causal diagonal); a float mask is added. bplane/fplane (Lm, Sm): the
+    # head's planes (head_planes), read through their broadcast shape.
+    mask_kind = scores.mask_kind
     if (mask_kind == NO_MASK and rows >= MR and cols >= NR
-            and (not causal or j0 + NR - 1 <= i0 + offset)):
+            and j0 + NR <= key_end(scores, i0)):
         return                                     # the common case: every key visible
     minus_inf = tile.dtype.type(-np.inf)
     cols = min(cols, NR)
@@ -162,8 +170,7 @@ def mask_tile(tile, i0, rows, j0, cols, bplane, fplane, mask_kind, causal, offse
         if r >= rows:
             row[:] = minus_inf
             continue
-        visible = min(cols, i + offset - j0 + 1) if causal else cols   # keys < visible pass
-        visible = max(visible, 0)
+        visible = max(min(cols, key_end(scores, i) - j0), 0)   # keys < visible pass
         if mask_kind == BOOL_MASK:
             mrow = bplane[i if bplane.shape[0] > 1 else 0]
             if mrow.shape[0] == 1:
@@ -186,12 +193,12 @@ def mask_tile(tile, i0, rows, j0, cols, bplane, fplane, mask_kind, causal, offse
 
 
 @kernel
-def keep_tile(kept, key, threshold, first, n_keys):
+def keep_tile(kept, stream, threshold, first, n_keys):
     # kept[r, c] = whether weight `first + r·n_keys + c` survives dropout. `first` is the
     # dropout index of the tile's (0, 0) element; rows are n_keys apart.
     for r in range(MR):
         for c in range(NR):
-            kept[r, c] = keep(key, first + r * n_keys + c, threshold)
+            kept[r, c] = keep(stream, first + r * n_keys + c, threshold)
 
 
 @kernel
@@ -206,17 +213,18 @@ def add_tile(tile, dst, r0, rows, c0, width):
 
 
 @kernel
-def mask_panel(pt, n_keys, i0, rows, j0, bplane, fplane, mask_kind, causal, offset):
+def mask_panel(pt, n_keys, i0, rows, j0, scores, bplane, fplane):
     # pt[j·NR + c], the scaled score of query i0 + c and key j0 + j (j < n_keys), becomes
-    # -inf where that key does not take part (a False in a bool mask, or j0 + j > i0 + c +
-    # offset under causal masking); a float mask is added. bplane/fplane (Lm, Sm) are read
+    # -inf where that key does not take part (a False in a bool mask, or at or past the row's
+    # key_end); a float mask is added. bplane/fplane (Lm, Sm): the head's planes, read
     # through their broadcast shape. Queries past `rows` are padding: left alone.
-    if mask_kind == NO_MASK and (not causal or j0 + n_keys - 1 <= i0 + offset):
+    mask_kind = scores.mask_kind
+    if mask_kind == NO_MASK and j0 + n_keys <= key_end(scores, i0):
         return                                     # the common case: every key visible
     minus_inf = pt.dtype.type(-np.inf)
     for c in range(min(NR, rows)):
         i = i0 + c
-        visible = max(min(n_keys, i + offset - j0 + 1), 0) if causal else n_keys
+        visible = max(min(n_keys, key_end(scores, i) - j0), 0)
         if mask_kind == BOOL_MASK:
             mrow = bplane[i if bplane.shape[0] > 1 else 0]
             if mrow.shape[0] == 1:
@@ -243,14 +251,15 @@ lane_max = kernel(getattr(_gemm_micro, f"lane_max_{NR}"))
 
 
 @kernel
-def panel_softmax(pt, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys,
-                  key, threshold, drop_scale, dropout):
+def panel_softmax(pt, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys, dropout):
     # One query panel (NR queries) through one key block. pt (FORWARD_BK·NR) holds the panel's
     # masked scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the running max; ot
     # (Ev', NR) the running output transposed, whose row `ones` (see forward_item) holds the
     # running sum l; vs the block's values as MR-column strips, plus that row of ones. Every
     # loop below runs along the NR queries: one vector of float32. With dropout, the ones row
     # would sum the dropped probabilities: the pre-dropout sum goes to l (NR,) instead.
+    # `first` is the dropout index of the panel's (key 0, query 0) weight; queries are
+    # n_all_keys apart.
     zero = ot.dtype.type(0)
     block_max = stats[0]
     shift = stats[1]
@@ -263,7 +272,7 @@ def panel_softmax(pt, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys,
         m[c] = new
     n = n_keys * NR
     exp_shifted_native(pt[:n], shift, e[:n])   # e = exp(s - shift)
-    if dropout:
+    if dropout.threshold > 0:
         total = stats[3]
         total[:] = zero
         for j in range(n_keys):
@@ -273,8 +282,8 @@ def panel_softmax(pt, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys,
             l[c] = l[c] * alpha[c] + total[c]       # the pre-dropout denominator
         for j in range(n_keys):
             for c in range(NR):
-                kept = keep(key, first + c * n_all_keys + j, threshold)
-                e[j * NR + c] = e[j * NR + c] * drop_scale if kept else zero
+                kept = keep(dropout.stream, first + c * n_all_keys + j, dropout.threshold)
+                e[j * NR + c] = e[j * NR + c] * dropout.scale if kept else zero
     for r0 in range(0, ot.shape[0], MR):            # oᵀ = oᵀ·alpha + vᵀ·pᵀ, MR value
         micro_kernel(n_keys, vs[r0 * FORWARD_BK:], e, tile)  # columns at a time
         for r in range(MR):
@@ -295,9 +304,10 @@ def ones_row(vs, row, n_keys):
 
 
 @kernel
-def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, dropout):
+def finish_weights(wh, i0, rows, end, lseh, dropout, first):
     # wh rows i0 .. i0 + rows hold masked scores for keys < end: turn them into the weights
-    # exp(s - lse) (∘ keep / (1 - p)); keys from `end` on were never visible: 0.
+    # exp(s - lse) (∘ keep / (1 - p)); keys from `end` on were never visible: 0. `first` is
+    # the dropout index of the head's weight (0, 0).
     n_keys_all = wh.shape[1]
     zero = wh.dtype.type(0)
     x = np.empty(end, wh.dtype)
@@ -308,17 +318,15 @@ def finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, d
         for j in range(end):
             x[j] = wrow[j] - shift
         exp_nonpositive_native(x, wrow[:end])
-        if dropout:
+        if dropout.threshold > 0:
             for j in range(end):
-                kept = keep(key, first + i * n_keys_all + j, threshold)
-                wrow[j] = wrow[j] * drop_scale if kept else zero
+                kept = keep(dropout.stream, first + i * n_keys_all + j, dropout.threshold)
+                wrow[j] = wrow[j] * dropout.scale if kept else zero
         wrow[end:] = zero
 
 
 @kernel
-def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal, offset, scale,
-                 key, threshold, drop_scale, out, lse, row_max, row_sum, weights, store_weights,
-                 block_rows):
+def forward_item(w, inputs, scores, dropout, results, block_rows):
     # Work item w of attention_forward_kernel: query rows i0 .. i0 + rows of one head,
     # qh (L, E), kh (S, E), vh (S, Ev) -> oh (L, Ev), lseh (L,), the softmax's row max mh and
     # (pre-dropout) row sum lh (L,) with lse = m + log l, and, if store_weights, wh (L, S).
@@ -327,7 +335,9 @@ def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal
     # tile row is a contiguous row of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the
     # softmax runs across queries. (One function with the loop's arguments: each level of
     # calls is optimised again where it is linked -- see _jit.ItemKernel.)
-    n_heads, n_rows = lse.shape[1], lse.shape[2]
+    q, k, v = inputs.q, inputs.k, inputs.v
+    store_weights = results.store_weights
+    n_heads, n_rows = results.lse.shape[1], results.lse.shape[2]
     n_qb = (n_rows + block_rows - 1) // block_rows
     bh = w // n_qb
     b = bh // n_heads
@@ -336,13 +346,13 @@ def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal
     qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
     i0 = qb * block_rows
     rows = min(block_rows, n_rows - i0)
-    plane = planes[bh]                             # (the unused mask is one plane: index 0)
-    bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
-    fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
+    bplane, fplane = head_planes(scores, bh)
     group = n_heads // k.shape[1]
-    qh, kh, vh = q[qi[b], h], k[ki[b], h // group], v[vi[b], h // group]
-    oh, lseh, mh, lh = out[b, h], lse[b, h], row_max[b, h], row_sum[b, h]
-    wh = weights[b if store_weights else 0, h if store_weights else 0]
+    qh = q[inputs.q_batch[b], h]
+    kh, vh = k[inputs.k_batch[b], h // group], v[inputs.v_batch[b], h // group]
+    oh, lseh = results.out[b, h], results.lse[b, h]
+    mh, lh = results.row_max[b, h], results.row_sum[b, h]
+    wh = results.weights[b if store_weights else 0, h if store_weights else 0]
     first = bh * n_rows * k.shape[2]
     n_keys_all, width = kh.shape
     n_vcols = vh.shape[1]
@@ -361,10 +371,9 @@ def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal
     m = np.full(n_panels * NR, -np.inf, dtype)
     l = np.zeros(n_panels * NR, dtype)
     ot = np.zeros((n_panels, vcols, NR), dtype)            # the outputs, transposed
-    pack_lanes(qh, i0, rows, NR, scale, qp)
-    dropout = threshold > 0
-    # keys at or past `end` are invisible to every row of the block (causal): not computed
-    end = min(n_keys_all, max(i0 + rows + offset, 0)) if causal else n_keys_all
+    pack_lanes(qh, i0, rows, NR, scores.scale, qp)
+    # keys at or past `end` are invisible to every row of the block (key_end): not computed
+    end = min(n_keys_all, max(key_end(scores, i0 + rows - 1), 0))
     for j0 in range(0, end, FORWARD_BK):
         n_keys = min(FORWARD_BK, n_keys_all - j0)
         pack_lanes(kh, j0, n_keys, MR, 1.0, ks)
@@ -372,30 +381,28 @@ def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal
         ones_row(vs, ones, n_keys)
         for pn in range(n_panels):
             c0 = pn * NR
-            n_vis = n_keys                                 # keys any query of the panel sees
-            if causal:
-                n_vis = max(min(n_keys, i0 + c0 + NR + offset - j0), 0)
+            # keys any query of the panel (padding included) may see
+            n_vis = max(min(n_keys, key_end(scores, i0 + c0 + NR - 1) - j0), 0)
             for js in range(0, n_vis, MR):                # scoresᵀ = k·(q·scale)ᵀ, written
                 micro_kernel(width, ks[js * width:], qp[c0 * width:], pt_tiles[js:js + MR])
-            mask_panel(pt, n_vis, i0 + c0, rows - c0, j0, bplane, fplane, mask_kind, causal,
-                       offset)
+            mask_panel(pt, n_vis, i0 + c0, rows - c0, j0, scores, bplane, fplane)
             if store_weights:                              # the masked scores, for now
                 for c in range(min(NR, rows - c0)):
                     wrow = wh[i0 + c0 + c, j0:j0 + n_keys]
                     for j in range(n_vis):
                         wrow[j] = pt[j * NR + c]
                     wrow[n_vis:] = -np.inf
-            if n_vis > 0:                                  # (causal: the rest are -inf)
+            if n_vis > 0:                                  # (the rest are -inf)
                 panel_softmax(pt, n_vis, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e,
                               stats, tile, first + (i0 + c0) * n_keys_all + j0,
-                              n_keys_all, key, threshold, drop_scale, dropout)
+                              n_keys_all, dropout)
     zero = dtype.type(0)
     for r in range(rows):
         i = i0 + r
         orow = oh[i]
         panel = ot[r // NR]
         c = r % NR
-        if not dropout:
+        if dropout.threshold == 0:
             l[r] = panel[ones, c]
         mh[i] = m[r]
         lh[i] = l[r]
@@ -408,60 +415,54 @@ def forward_item(w, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal
                 orow[col] = panel[col, c] * inv
             lseh[i] = m[r] + math.log(l[r])
     if store_weights:
-        finish_weights(wh, i0, rows, end, lseh, key, threshold, drop_scale, first, dropout)
+        finish_weights(wh, i0, rows, end, lseh, dropout, first)
 
 
 @parallel_items(forward_item)
-def attention_forward_kernel(item, q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind, causal,
-                             offset, scale, key, threshold, drop_scale, out, lse, row_max,
-                             row_sum, weights, store_weights, block_rows):
-    # q (Bq, H, L, E) · k (Bk, Hkv, S, E) · v (Bv, Hkv, S, Ev), qi/ki/vi (B,): the stored
-    # batch each broadcast batch b reads; bmask/fmask (Nm, Lm, Sm) mask planes, planes (B·H,)
-    # -> out (B, H, L, Ev), lse, row_max, row_sum (B, H, L) (lse = row_max + log row_sum),
-    # and weights (B, H, L, S) if store_weights. Each work item (forward_item, passed as
-    # `item`) owns block_rows rows of one head.
-    n_batch, n_heads, n_rows = lse.shape
+def attention_forward_kernel(item, inputs, scores, dropout, results, block_rows):
+    # inputs, scores, dropout -> results (records: attention_state.py). Each work item
+    # (forward_item, passed as `item`) owns block_rows rows of one head (b, h).
+    n_batch, n_heads, n_rows = results.lse.shape
     n_qb = (n_rows + block_rows - 1) // block_rows
     for w in prange(n_batch * n_heads * n_qb):
-        call_body(item, (np.int64(w), q, k, v, qi, ki, vi, bmask, fmask, planes, mask_kind,
-                         causal, offset, scale, key, threshold, drop_scale, out, lse, row_max,
-                         row_sum, weights, store_weights, block_rows))
+        call_body(item, (np.int64(w), inputs, scores, dropout, results, block_rows))
 
 
 @kernel
-def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
-                   inv_r, d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
-                   drop_scale, first, n_keys_all, dropout, wp, dsp, dsq, ts, tdp, kept, x, p,
-                   dsh, store_ds):
+def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, bplane, fplane, dropout, first,
+                   n_keys_all, sc, dsh, store_ds):
     # Every MR×NR tile (MR queries × NR keys) of one (query block, key block) pair: scores and
     # dout·vᵀ by the micro-kernel, then p, w and ds (module docstring). w and ds are stored
-    # row by row into key panels (wp, dsp: [(panel·BQ + i)·NR + c], queries i as p -- the B
-    # operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds), and ds transposed into query strips (dsq,
-    # for dq += ds·k). lse_r / inv_r / d_r (rows rounded up to MR): the rows' logsumexp (+inf
-    # where a row is fully masked or padding, so p = 0), the inverse normaliser (1 but where
-    # the logsumexp lost log l to rounding, see pack_query_block) and D; p = exp(s - lse)·inv.
+    # row by row into key panels (sc.wp, sc.dsp: [(panel·BQ + i)·NR + c], queries i as p --
+    # the B operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds), and ds transposed into query strips
+    # (sc.dsq, for dq += ds·k). p = exp(s - lse)·inv with qb's per-row lse, inv and d (see
+    # QueryBlock). `first` is the dropout index of the head's weight (0, 0).
+    width = kb.kt.shape[0] // BK
+    vwidth = kb.vt.shape[0] // BK
+    n_strips = (rows + MR - 1) // MR
+    lse_r, inv_r, d_r = qb.lse, qb.inv, qb.d
+    wp, dsp, dsq, ts, tdp, kept, x, p = sc
     for s in range(n_strips):
         r0 = s * MR
         for c0 in range(0, n_keys, NR):
             panel = (c0 // NR) * BQ * NR
-            if causal and j0 + c0 > i0 + r0 + MR - 1 + offset:   # every key of the tile is
+            if j0 + c0 >= key_end(scores, i0 + r0 + MR - 1):      # every key of the tile is
                 for r in range(MR):                              # masked: p = w = ds = 0
                     for c in range(NR):
                         dsp[panel + (r0 + r) * NR + c] = 0
                         wp[panel + (r0 + r) * NR + c] = 0
                         dsq[(s * BK + c0 + c) * MR + r] = 0
                 continue
-            micro_kernel(width, qs[r0 * width:], kt[c0 * width:], ts)
-            mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, bplane, fplane,
-                      mask_kind, causal, offset)
-            micro_kernel(vwidth, dos[r0 * vwidth:], vt[c0 * vwidth:], tdp)
+            micro_kernel(width, qb.qs[r0 * width:], kb.kt[c0 * width:], ts)
+            mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, scores, bplane, fplane)
+            micro_kernel(vwidth, qb.dos[r0 * vwidth:], kb.vt[c0 * vwidth:], tdp)
             for r in range(MR):
                 for c in range(NR):
                     x[r * NR + c] = ts[r, c] - lse_r[r0 + r]
             exp_nonpositive_native(x, p)
-            if dropout:
-                keep_tile(kept, key, threshold, first + (i0 + r0) * n_keys_all + j0 + c0,
-                          n_keys_all)
+            if dropout.threshold > 0:
+                keep_tile(kept, dropout.stream, dropout.threshold,
+                          first + (i0 + r0) * n_keys_all + j0 + c0, n_keys_all)
             zero = ts.dtype.type(0)
             for r in range(MR):
                 drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
@@ -471,9 +472,9 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
                     pv = p[r * NR + c] * inv
                     dp = tdp[r, c]
                     w = pv
-                    if dropout:                                       # dropped: exactly 0
-                        dp = dp * drop_scale if kept[r, c] else zero
-                        w = pv * drop_scale if kept[r, c] else zero
+                    if dropout.threshold > 0:                         # dropped: exactly 0
+                        dp = dp * dropout.scale if kept[r, c] else zero
+                        w = pv * dropout.scale if kept[r, c] else zero
                     drow[c] = pv * (dp - d_r[r0 + r])                 # ds
                     wrow[c] = w
             strip = dsq[s * BK * MR:(s + 1) * BK * MR]
@@ -489,44 +490,42 @@ def backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j
 
 
 @kernel
-def backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt, vt, kp, j0, n_keys,
-                  width, vwidth, n_keys_all, dqh, dkt, dvt, bplane, fplane, mask_kind, causal,
-                  offset, key, threshold, drop_scale, first, dsh, store_ds, wp, dsp, dsq, ts, tdp,
-                  kept, x, p):
-    # One query block (rows i0 .. i0 + rows, packed: qs, dos, qc, doc; lse_r, inv_r, d_r)
-    # against one key block (keys j0 .. j0 + n_keys, packed: kt, vt, kp): dkt, dvt (E', BK),
-    # (Ev', BK) accumulate the key block's gradients transposed; dqh (L, E) gets ds·k.
+def backward_pair(qb, kb, i0, rows, j0, n_keys, n_keys_all, dqh, dkt, dvt, scores, bplane,
+                  fplane, dropout, first, dsh, store_ds, sc):
+    # One query block (rows i0 .. i0 + rows, packed: qb) against one key block (keys j0 ..
+    # j0 + n_keys, packed: kb): dkt, dvt (E', BK), (Ev', BK) accumulate the key block's
+    # gradients transposed; dqh (L, E) gets ds·k.
+    backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, bplane, fplane, dropout, first,
+                   n_keys_all, sc, dsh, store_ds)
+    width = dqh.shape[1]
     n_strips = (rows + MR - 1) // MR
-    backward_tiles(qs, dos, kt, vt, n_strips, n_keys, width, vwidth, i0, rows, j0, lse_r,
-                   inv_r, d_r, bplane, fplane, mask_kind, causal, offset, key, threshold,
-                   drop_scale, first, n_keys_all, threshold > 0, wp, dsp, dsq, ts, tdp, kept, x,
-                   p, dsh, store_ds)
+    ts = sc.ts
     for c0 in range(0, n_keys, NR):                        # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
         panel = (c0 // NR) * BQ * NR
         for r0 in range(0, dvt.shape[0], MR):
-            micro_kernel(rows, doc[r0 * BQ:], wp[panel:], ts)
+            micro_kernel(rows, qb.doc[r0 * BQ:], sc.wp[panel:], ts)
             add_tile(ts, dvt, r0, MR, c0, dvt.shape[1])
         for r0 in range(0, dkt.shape[0], MR):
-            micro_kernel(rows, qc[r0 * BQ:], dsp[panel:], ts)
+            micro_kernel(rows, qb.qc[r0 * BQ:], sc.dsp[panel:], ts)
             add_tile(ts, dkt, r0, MR, c0, dkt.shape[1])
     for s in range(n_strips):                              # dq += ds·k
         for c0 in range(0, width, NR):
-            micro_kernel(n_keys, dsq[s * BK * MR:], kp[(c0 // NR) * BK * NR:], ts)
+            micro_kernel(n_keys, sc.dsq[s * BK * MR:], kb.kp[(c0 // NR) * BK * NR:], ts)
             add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width)
 
 
 @kernel
-def pack_query_block(qh, doh, oh, lseh, normh, i0, rows, scale, qs, dos, qc, doc, lse_r, inv_r,
-                     d_r):
-    # The query block's operands for backward_pair, packed once and used against every key
-    # block: q·scale and dout as query strips, qᵀ and doutᵀ as column strips over queries; per
-    # row its logsumexp (+inf where fully masked or padding, so p = 0), 1 / its normaliser
-    # normh -- Σ_j exp(s_j - lse), 1 unless |lse| is so large that its rounding swallowed log l
-    # (the caller's _normalisers) -- and D = dout·out.
-    pack_lanes(qh, i0, rows, MR, scale, qs)
-    pack_lanes(doh, i0, rows, MR, 1.0, dos)
-    pack_columns(qh, i0, rows, MR, BQ, qc)
-    pack_columns(doh, i0, rows, MR, BQ, doc)
+def pack_query_block(qh, doh, oh, lseh, normh, i0, rows, scale, qb):
+    # The query block's operands for backward_pair, packed once into qb (QueryBlock) and used
+    # against every key block: q·scale and dout as query strips, qᵀ and doutᵀ as column
+    # strips over queries; per row its logsumexp (+inf where fully masked or padding, so p =
+    # 0), 1 / its normaliser normh -- Σ_j exp(s_j - lse), 1 unless |lse| is so large that its
+    # rounding swallowed log l (the caller's _normalisers) -- and D = dout·out.
+    pack_lanes(qh, i0, rows, MR, scale, qb.qs)
+    pack_lanes(doh, i0, rows, MR, 1.0, qb.dos)
+    pack_columns(qh, i0, rows, MR, BQ, qb.qc)
+    pack_columns(doh, i0, rows, MR, BQ, qb.doc)
+    lse_r, inv_r, d_r = qb.lse, qb.inv, qb.d
     inf = qh.dtype.type(np.inf)
     for r in range((rows + MR - 1) // MR * MR):
         if r < rows:
@@ -544,12 +543,12 @@ def pack_query_block(qh, doh, oh, lseh, normh, i0, rows, scale, qs, dos, qc, doc
 
 
 @kernel
-def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, planes, mask_kind,
-                  causal, offset, scale, key, threshold, drop_scale, dq_parts, dk, dv, dscores,
-                  store_ds):
+def backward_item(w, inputs, scores, dropout, saved, grads):
     # Work item w of attention_backward_kernel: it owns dk, dv of its key blocks and
     # dq_parts[split] of its heads
-    n_splits = dq_parts.shape[0]
+    q, k, v = inputs.q, inputs.k, inputs.v
+    lse, store_ds = saved.lse, grads.store_ds
+    n_splits = grads.dq_parts.shape[0]
     n_heads, n_rows = lse.shape[1], lse.shape[2]
     n_kv = k.shape[1]
     n_keys_all, width = k.shape[2], k.shape[3]
@@ -562,25 +561,17 @@ def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, pl
     b = w // (n_kv * n_splits)
     g = (w // n_splits) % n_kv
     split = w % n_splits
-    qs = np.empty(BQ * width, dtype)
-    dos = np.empty(BQ * vwidth, dtype)
-    qc = np.empty(wcols * BQ, dtype)
-    doc = np.empty(vcols * BQ, dtype)
-    wp = np.empty(BK * BQ, dtype)
-    dsp = np.empty(BK * BQ, dtype)
-    dsq = np.empty(BQ * BK, dtype)
-    lse_r = np.empty(BQ, dtype)
-    inv_r = np.empty(BQ, dtype)
-    d_r = np.empty(BQ, dtype)
-    ts = np.empty((MR, NR), dtype)
-    tdp = np.empty((MR, NR), dtype)
-    kept = np.empty((MR, NR), np.bool_)
-    x = np.empty(MR * NR, dtype)
-    p = np.empty(MR * NR, dtype)
-    kb_all = k[ki[b], g]
-    vb_all = v[vi[b], g]
-    dkb = dk[b, g]
-    dvb = dv[b, g]
+    qb = QueryBlock(np.empty(BQ * width, dtype), np.empty(BQ * vwidth, dtype),
+                    np.empty(wcols * BQ, dtype), np.empty(vcols * BQ, dtype),
+                    np.empty(BQ, dtype), np.empty(BQ, dtype), np.empty(BQ, dtype))
+    sc = Scratch(np.empty(BK * BQ, dtype), np.empty(BK * BQ, dtype), np.empty(BQ * BK, dtype),
+                 np.empty((MR, NR), dtype), np.empty((MR, NR), dtype),
+                 np.empty((MR, NR), np.bool_), np.empty(MR * NR, dtype),
+                 np.empty(MR * NR, dtype))
+    kb_all = k[inputs.k_batch[b], g]
+    vb_all = v[inputs.v_batch[b], g]
+    dkb = grads.dk[b, g]
+    dvb = grads.dv[b, g]
     n_own = (n_kb - split + n_splits - 1) // n_splits   # key blocks split, split + n_splits..
     kt = np.empty((n_own, (BK // NR) * width * NR), dtype)           # each packed once
     vt = np.empty((n_own, (BK // NR) * vwidth * NR), dtype)
@@ -596,29 +587,27 @@ def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, pl
     for o0 in range(0, n_own, CHUNK):             # CHUNK key blocks at a time stay in L2
         for h in range(g * group, (g + 1) * group):
             bh = b * n_heads + h
-            plane = planes[bh]            # (the unused mask is one plane: index 0)
-            bplane = bmask[plane if mask_kind == BOOL_MASK else 0]
-            fplane = fmask[plane if mask_kind == FLOAT_MASK else 0]
-            qh = q[qi[b], h]
-            doh = dout[b, h]
-            dqh = dq_parts[split, b, h]
-            dsh = dscores[b if store_ds else 0, h if store_ds else 0]
+            bplane, fplane = head_planes(scores, bh)
+            qh = q[inputs.q_batch[b], h]
+            doh = saved.dout[b, h]
+            dqh = grads.dq_parts[split, b, h]
+            dsh = grads.dscores[b if store_ds else 0, h if store_ds else 0]
             for i0 in range(0, n_rows, BQ):
                 rows = min(BQ, n_rows - i0)
-                if causal and (split + o0 * n_splits) * BK > i0 + rows - 1 + offset:
-                    continue                        # no row of the block sees a key
-                pack_query_block(qh, doh, out[b, h], lse[b, h], norm[b, h], i0, rows,
-                                 scale, qs, dos, qc, doc, lse_r, inv_r, d_r)
+                last = key_end(scores, i0 + rows - 1)   # no row of the block sees a key
+                if (split + o0 * n_splits) * BK >= last:  # at or past it
+                    continue
+                pack_query_block(qh, doh, saved.out[b, h], lse[b, h], saved.norm[b, h], i0,
+                                 rows, scores.scale, qb)
                 for o in range(o0, min(o0 + CHUNK, n_own)):
                     j0 = (split + o * n_splits) * BK
-                    if causal and j0 > i0 + rows - 1 + offset:
+                    if j0 >= last:
                         continue
-                    backward_pair(qs, dos, qc, doc, lse_r, inv_r, d_r, i0, rows, kt[o],
-                                  vt[o], kp[o], j0, min(BK, n_keys_all - j0), width, vwidth,
-                                  n_keys_all, dqh, dkt[o], dvt[o], bplane, fplane,
-                                  mask_kind, causal, offset, key, threshold, drop_scale,
-                                  bh * n_rows * n_keys_all, dsh, store_ds, wp, dsp, dsq,
-                                  ts, tdp, kept, x, p)
+                    backward_pair(qb, KeyBlock(kt[o], vt[o], kp[o]), i0, rows, j0,
+                                  min(BK, n_keys_all - j0), n_keys_all, dqh, dkt[o], dvt[o],
+                                  scores, bplane, fplane, dropout, bh * n_rows * n_keys_all,
+                                  dsh, store_ds, sc)
+    scale = scores.scale
     for o in range(n_own):
         j0 = (split + o * n_splits) * BK
         n_keys = min(BK, n_keys_all - j0)
@@ -630,19 +619,11 @@ def backward_item(w, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask, pl
 
 
 @parallel_items(backward_item)
-def attention_backward_kernel(item, q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask,
-                              planes, mask_kind, causal, offset, scale, key, threshold,
-                              drop_scale, dq_parts, dk, dv, dscores, store_ds):
-    # q, k, v, qi, ki, vi, masks as forward; dout, out (B, H, L, Ev), lse (B, H, L), norm
-    # (B, H, L): each row's Σ_j exp(s_j - lse), 1 unless lse lost log l to rounding ->
-    # dq_parts (n_splits, B, H, L, E) unscaled (the caller sums the splits and scales),
-    # dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, dscores (B, H, L, S) if
-    # store_ds (the gradient of the scores: a float mask's gradient before un-broadcasting).
-    # Each work item (backward_item, passed as `item`) owns the dk and dv of its key blocks
-    # and dq_parts[split] of its heads.
-    n_splits = dq_parts.shape[0]
-    n_batch, n_kv = lse.shape[0], k.shape[1]
+def attention_backward_kernel(item, inputs, scores, dropout, saved, grads):
+    # inputs, scores, dropout as forward, saved -> grads (records: attention_state.py). Each
+    # work item (backward_item, passed as `item`) owns the dk and dv of its key blocks of one
+    # (b, kv head) and dq_parts[split] of that head's query heads.
+    n_splits = grads.dq_parts.shape[0]
+    n_batch, n_kv = saved.lse.shape[0], inputs.k.shape[1]
     for w in prange(n_batch * n_kv * n_splits):
-        call_body(item, (np.int64(w), q, k, v, dout, out, lse, norm, qi, ki, vi, bmask, fmask,
-                         planes, mask_kind, causal, offset, scale, key, threshold, drop_scale,
-                         dq_parts, dk, dv, dscores, store_ds))
+        call_body(item, (np.int64(w), inputs, scores, dropout, saved, grads))

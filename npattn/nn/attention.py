@@ -61,14 +61,16 @@ class SelfAttention(Module):
         v = self.W_V(x)                                            # (..., L, d_v)
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._generator) if p > 0 else None
-        output, weights = attention(q, k, v, mask, p, is_causal=is_causal, seed=seed)
-        self._saved = (q, k, v, mask, p, is_causal, seed)
+        output, weights, lse = attention(q, k, v, mask, p, is_causal=is_causal, seed=seed,
+                                         return_logsumexp=True)
+        self._saved = (q, k, v, mask, p, is_causal, seed, output, lse)
         return output, weights                                     # (..., L, d_v), (..., L, L)
 
     def backward(self, dout):
         """dx = dQ·W_Q + dK·W_K + dV·W_V; adds the three projections' parameter gradients."""
-        q, k, v, mask, p, is_causal, seed = self._saved_for_backward()
-        dq, dk, dv = attention_backward(dout, q, k, v, mask, p, is_causal=is_causal, seed=seed)
+        q, k, v, mask, p, is_causal, seed, output, lse = self._saved_for_backward()
+        dq, dk, dv = attention_backward(dout, q, k, v, mask, p, is_causal=is_causal, seed=seed,
+                                        output=output, logsumexp=lse)
         return self.W_Q.backward(dq) + self.W_K.backward(dk) + self.W_V.backward(dv)
 
     def extra_repr(self):
@@ -327,9 +329,9 @@ class MultiheadAttention(Module):
                                   batched, extra, dtype)
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._generator) if p > 0 else None
-        if need_weights:
-            heads_out, weights = attention(q, k, v, mask, p, is_causal=causal, seed=seed)
-            lse = None                                      # weights (N, H, L, S')
+        if need_weights:                                    # weights (N, H, L, S')
+            heads_out, weights, lse = attention(q, k, v, mask, p, is_causal=causal, seed=seed,
+                                                return_logsumexp=True)
         else:
             heads_out, lse = scaled_dot_product_attention_forward(q, k, v, mask, p, causal,
                                                                   seed=seed)
@@ -359,13 +361,9 @@ class MultiheadAttention(Module):
         if not s["batched"]:
             dout = dout.reshape(dout.shape[0], 1, dout.shape[1])             # (L, 1, E)
         dheads = _split_heads(self.out_proj.backward(dout), self.num_heads, s["batch_first"])
-        if s["lse"] is None:                                # need_weights: weights were stored
-            dq, dk, dv = attention_backward(dheads, s["q"], s["k"], s["v"], s["mask"], s["p"],
-                                            is_causal=s["causal"], seed=s["seed"])
-        else:
-            dq, dk, dv = scaled_dot_product_attention_backward(
-                dheads, s["q"], s["k"], s["v"], s["out"], s["lse"], s["mask"], s["p"],
-                s["causal"], seed=s["seed"])                 # (N, H, L, D), (N, H, S', D) x2
+        dq, dk, dv = scaled_dot_product_attention_backward(
+            dheads, s["q"], s["k"], s["v"], s["out"], s["lse"], s["mask"], s["p"], s["causal"],
+            seed=s["seed"])                                 # (N, H, L, D), (N, H, S', D) x2
         n_keys, e = s["n_keys"], self.embed_dim
         if self.bias_k is not None:                         # key/value column S: the biases
             self.bias_k.accumulate(dk[:, :, n_keys].sum(axis=0).reshape(1, 1, e))

@@ -1,0 +1,91 @@
+"""The attention engine's arguments, grouped into records, and the one rule of which keys a
+query row may see.
+
+Each record is a ``namedtuple``: Numba compiles it as a typed tuple whose fields the kernels
+read by name (``scores.offset``), and ``_jit`` keys a kernel's compiled code on the type of
+every field (``_jit._arg_key``), so a record whose arrays change dtype or layout gets code of
+its own. The functional layer (``functional/attention.py``) builds them once per call; the
+kernels pass them down unchanged, so a new score modifier is one field here, the code that
+reads it (:func:`key_end` for which keys are visible, ``mask_tile``/``mask_panel`` of
+``kernels/attention.py`` for what happens to a visible score) and the line of the functional
+layer that fills it in.
+
+Dims as in ``kernels/attention.py``: B batch (broadcast, flattened), H query heads, Hkv
+key/value heads, L queries, S keys, E query/key width, Ev value width.
+"""
+from collections import namedtuple
+
+from .._jit import kernel
+
+NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
+
+#: The operands as stacks, and which stored batch each broadcast batch b reads:
+#: q (Bq, H, L, E), k (Bk, Hkv, S, E), v (Bv, Hkv, S, Ev); q_batch, k_batch, v_batch (B,)
+#: int64 -- broadcasting repeats indices, never data.
+Inputs = namedtuple("Inputs", "q k v q_batch k_batch v_batch")
+
+#: How a score s = (q·scale)·k is formed and modified before the softmax, and which keys take
+#: part. scale: a Python float (float64: q·scale and dk·scale are each rounded once, to the
+#: dtype). mask_kind: NO_MASK, BOOL_MASK or FLOAT_MASK;
+#: bool_planes / float_planes (Nm, Lm, Sm), Lm in {1, L}, Sm in {1, S}: the mask's planes, read
+#: through their broadcast shape (the unused kind is one plane, never read); plane_of (B·H,)
+#: int64: the plane head b·H + h reads. causal (bool) and offset (int64): key j is visible to
+#: query i when j <= i + offset (0: top-left, S - L: bottom-right).
+Scores = namedtuple("Scores", "scale mask_kind bool_planes float_planes plane_of causal offset")
+
+#: Dropout of the weights: weight (b, h, i, j) is kept when
+#: ``random.keep(stream, ((b·H + h)·L + i)·S + j, threshold)``, and a kept one is multiplied by
+#: scale = 1 / (1 - p). threshold 0: no dropout. (``stream``: the counter-based generator's
+#: key, from the seed -- kernels/random.py.)
+Dropout = namedtuple("Dropout", "stream threshold scale")
+
+#: What the forward kernel writes: out (B, H, L, Ev); lse, row_max, row_sum (B, H, L) with
+#: lse = row_max + log row_sum (row_sum before dropout); weights (B, H, L, S) when
+#: store_weights (else a (1, 1, 1, 1) placeholder).
+ForwardResults = namedtuple("ForwardResults", "out lse row_max row_sum weights store_weights")
+
+#: What the backward kernel reads besides the inputs: dout, out (B, H, L, Ev), lse (B, H, L),
+#: norm (B, H, L) -- each row's Σ_j exp(s_j - lse), 1 unless lse lost log l to rounding.
+Saved = namedtuple("Saved", "dout out lse norm")
+
+#: What the backward kernel writes: dq_parts (n_splits, B, H, L, E) unscaled (the caller sums
+#: the splits and scales), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, and
+#: dscores (B, H, L, S) -- the gradient of the masked scores -- when store_ds.
+Gradients = namedtuple("Gradients", "dq_parts dk dv dscores store_ds")
+
+#: key_end's value for a row that no rule bounds: past any key index
+UNBOUNDED = 1 << 62
+
+
+@kernel
+def key_end(scores, i):
+    """Keys j < key_end(scores, i) may take part in query row i's softmax (a mask may still
+    hide some of them); the kernels skip every block and tile at or past it. Causal: i +
+    offset + 1 (may be <= 0: no key), else UNBOUNDED."""
+    return i + scores.offset + 1 if scores.causal else UNBOUNDED
+
+
+@kernel
+def head_planes(scores, bh):
+    """The bool and float mask planes head bh = b·H + h reads (Lm, Sm) each."""
+    plane = scores.plane_of[bh]     # (the unused mask is one plane: index 0)
+    return (scores.bool_planes[plane if scores.mask_kind == BOOL_MASK else 0],
+            scores.float_planes[plane if scores.mask_kind == FLOAT_MASK else 0])
+
+
+# ---------------------------------------------------------------- inside the backward kernel
+#: One query block packed for backward_pair (rows i0 .. i0 + rows, padded to whole MR strips):
+#: qs, dos -- q·scale and dout as MR-query strips; qc, doc -- qᵀ and doutᵀ as column strips
+#: over the queries; per row lse (+inf where fully masked or padding, so p = 0), inv (1 / its
+#: normaliser) and d = rowsum(dout ∘ out).
+QueryBlock = namedtuple("QueryBlock", "qs dos qc doc lse inv d")
+
+#: One key block packed for backward_pair: kt, vt -- k and v as NR-key panels (the
+#: micro-kernel's B operand of s = q·kᵀ and dout·vᵀ); kp -- k as NR-column panels over the
+#: keys (B operand of dq += ds·k).
+KeyBlock = namedtuple("KeyBlock", "kt vt kp")
+
+#: A backward work item's scratch, allocated once: wp, dsp -- w and ds of one block pair as key
+#: panels; dsq -- ds as query strips; ts, tdp (MR, NR) -- one tile of scores and of dout·vᵀ;
+#: kept (MR, NR) bool; x, p (MR·NR,) -- s - lse and its exp.
+Scratch = namedtuple("Scratch", "wp dsp dsq ts tdp kept x p")
