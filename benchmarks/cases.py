@@ -25,6 +25,8 @@ import numpy as np
 
 #: The implementations, in the table's column order.
 IMPLEMENTATIONS = ("npattn", "NumPy", "PyTorch")
+#: The name of a case's own baseline (Bench.baseline) among its timed implementations.
+BASELINE = "npattn baseline"
 
 
 @dataclass
@@ -43,6 +45,11 @@ class Bench:
     rss_warmup: tuple = None
     operand_bytes: int = None        # bytes of the operands and result (e.g. q, k, v, output)
     tokens: int = None               # tokens one call processes (gpt): the table adds tokens/s
+    # npattn on a related problem that the case's npattn call should beat, e.g. full causal
+    # attention for a sliding window: (what it is, zero-argument callable). Timed in the same
+    # interleaved rounds as the implementations, but not checked for agreement (it computes
+    # something else); the table adds its time and baseline ÷ npattn.
+    baseline: tuple = None
 
 
 @dataclass

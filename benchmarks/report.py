@@ -2,7 +2,7 @@
 import json
 from collections import defaultdict
 
-from .cases import IMPLEMENTATIONS
+from .cases import BASELINE, IMPLEMENTATIONS
 
 #: A case during which other processes took more than this share of the CPUs is marked.
 BUSY = 0.10
@@ -55,10 +55,13 @@ def memory(case):
 
 
 def table(cases):
-    """The Markdown table: one row per case, one column per implementation, then the ratios."""
+    """The Markdown table: one row per case, one column per implementation, then the ratios
+    (and, when a case has a baseline, its time and baseline ÷ npattn)."""
+    baselines = any(BASELINE in case["results"] for case in cases)
     lines = ["| case | npattn | NumPy | PyTorch | speedup vs NumPy | speedup vs PyTorch "
-             "| peak memory npattn / NumPy |",
-             "|---|---|---|---|---|---|---|"]
+             "| peak memory npattn / NumPy |"
+             + (" npattn baseline | speedup vs baseline |" if baselines else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|" if baselines else "")]
     notes, busy = [], False
     for case in cases:
         label = case["label"]
@@ -69,8 +72,15 @@ def table(cases):
         cells = ["skipped" if name in skipped else cell(case["results"].get(name), case["flops"],
                                                                case.get("tokens"))
                  for name in IMPLEMENTATIONS]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {speedup(case, 'NumPy')} | "
-                     f"{speedup(case, 'PyTorch')} | {memory(case)} |")
+        row = (f"| {label} | " + " | ".join(cells) + f" | {speedup(case, 'NumPy')} | "
+               f"{speedup(case, 'PyTorch')} | {memory(case)} |")
+        if baselines:
+            base = case["results"].get(BASELINE)
+            row += (f" {fmt_time(base['median']) if base else '—'} | "
+                    f"{speedup(case, BASELINE)} |")
+            if base:
+                notes.append(f"{case['label']}: baseline = {case['baseline']}.")
+        lines.append(row)
         notes += [n for n in case.get("notes", ()) if n not in notes]
         notes += [f"{case['label']}: {name} skipped: {why}." for name, why in skipped.items()]
     lines.append("")

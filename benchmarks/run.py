@@ -200,9 +200,9 @@ def _run(args, argv, changes):
     import platform
 
     from . import (bench_matmul, bench_linear, bench_softmax,  # noqa: F401  (they register,
-                   bench_attention, bench_gpt)                    # in this order)
+                   bench_attention, bench_variants, bench_gpt)    # in this order)
     from . import machine, memory, report, timing
-    from .cases import CASES, IMPLEMENTATIONS
+    from .cases import BASELINE, CASES, IMPLEMENTATIONS
 
     todo = selected(CASES, args.ops, args.quick)
     if args.list:
@@ -245,6 +245,9 @@ def _run(args, argv, changes):
     for i, (op, make, size) in enumerate(todo, 1):
         bench = make(torch, *size)
         bench.impls = {n: f for n, f in bench.impls.items() if n in chosen}
+        timed = dict(bench.impls)
+        if bench.baseline and "npattn" in timed:
+            timed[BASELINE] = bench.baseline[1]
         skipped = {n: why for n, why in bench.skipped.items() if n in chosen}
         prefix = f"[{i}/{len(todo)}] {bench.label}"
         for name, why in skipped.items():
@@ -254,7 +257,7 @@ def _run(args, argv, changes):
         print(f"{prefix}: warm-up", end="", flush=True)
         before = meter.sample()
         record = {"op": op, "label": bench.label, "flops": bench.flops, "tokens": bench.tokens,
-                  "plot": bench.plot,
+                  "plot": bench.plot, "baseline": bench.baseline and bench.baseline[0],
                   "notes": bench.notes, "size": list(size), "results": {}, "skipped": skipped}
         def warmed(first):
             print(" " + ", ".join(f"{n} {report.fmt_time(s)}" for n, s in first.items()),
@@ -262,8 +265,9 @@ def _run(args, argv, changes):
 
         try:
             record["results"] = timing.measure(
-                bench.impls, rounds, mode["target"], mode["max_case_seconds"], mode["settle"],
-                memory_of=("npattn", "NumPy") if bench.memory else (), on_warm=warmed)
+                timed, rounds, mode["target"], mode["max_case_seconds"], mode["settle"],
+                memory_of=("npattn", "NumPy") if bench.memory else (), on_warm=warmed,
+                unchecked=(BASELINE,))
         except Exception as error:   # report it, go on with the other cases, fail at the end
             failed += 1
             record["error"] = f"{type(error).__name__}: {error}"
@@ -273,9 +277,11 @@ def _run(args, argv, changes):
             rate = bench.flops / result["median"] / 1e9
             print(f"    {name:8} {report.fmt_time(result['median']):>9} median "
                   f"(IQR {report.fmt_time(result['q1'])}–{report.fmt_time(result['q3'])}, "
-                  f"{result['rounds']} rounds × {result['repeats']}) {report.fmt_rate(rate):>6} "
-                  f"GFLOP/s" + (f", {bench.tokens / result['median']:,.0f} tokens/s"
-                                if bench.tokens else ""), flush=True)
+                  f"{result['rounds']} rounds × {result['repeats']})"
+                  + (f": {record['baseline']}" if name == BASELINE else
+                     f" {report.fmt_rate(rate):>6} GFLOP/s")
+                  + (f", {bench.tokens / result['median']:,.0f} tokens/s"
+                     if bench.tokens and name != BASELINE else ""), flush=True)
         if measure_rss and bench.rss_warmup is not None and bench.impls:
             print("    peak memory, each in a fresh process:", end="", flush=True)
             record["operand_bytes"] = bench.operand_bytes

@@ -119,10 +119,13 @@ def summary(times):
     return dict(median=statistics.median(ordered), q1=q1, q3=q3, min=ordered[0], max=ordered[-1])
 
 
-def measure(impls, rounds, target, max_seconds, settle=0.015, memory_of=(), on_warm=None):
+def measure(impls, rounds, target, max_seconds, settle=0.015, memory_of=(), on_warm=None,
+            unchecked=()):
     """Time each implementation of one case; returns a dict of per-implementation results.
 
     ``max_seconds`` bounds the rounds of a slow case (at least 3 rounds are kept).
+    ``unchecked``: implementations that compute something else on purpose (a case's
+    baseline), timed like the others but left out of the agreement check.
     ``on_warm(first_call_seconds)`` is called after the warm-up, for progress output.
     """
     names = list(impls)
@@ -131,7 +134,8 @@ def measure(impls, rounds, target, max_seconds, settle=0.015, memory_of=(), on_w
         start = time.perf_counter()
         outputs[name] = impls[name]()
         first[name] = time.perf_counter() - start
-    agreement = check_agreement(outputs)                 # raises on a wrong answer
+    agreement = check_agreement({n: r for n, r in outputs.items()   # raises on a wrong
+                                 if n not in unchecked})             # answer
     del outputs
     if on_warm:
         on_warm(first)

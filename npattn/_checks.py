@@ -129,6 +129,25 @@ def shape_value(name, shape):
     return tuple(int(n) for n in dims)
 
 
+def window_value(name, window):
+    """A sliding window: None, or (left, right) with each side an int >= 0 or None (no bound
+    on that side); returned as a pair."""
+    if window is None:
+        return (None, None)
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{name} must be None or a pair (left, right), each an int >= 0 or "
+                        f"None; got {window!r}")
+    for side, n in zip(("left", "right"), window):
+        if n is None:
+            continue
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"{name}'s {side} side must be an int >= 0 or None; got "
+                            f"{type(n).__name__}")
+        if n < 0:
+            raise ValueError(f"{name}'s {side} side must be an int >= 0 or None; got {n}")
+    return tuple(None if n is None else int(n) for n in window)
+
+
 def flag(name, value):
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
@@ -286,20 +305,22 @@ def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names):
 #: C-contiguous arrays of one float dtype; mask None, or a C-contiguous bool or query-dtype
 #: array; batch the broadcast batch dims (a tuple); heads H; dropout_p a float; is_causal a
 #: bool; scale a float (1/√E by default); seed an int; bottom_right: the causal alignment is
-#: "bottom-right"; out_ndim the rank of the output.
+#: "bottom-right" (the diagonal of is_causal and of window); window (left, right), each an
+#: int >= 0 or None; out_ndim the rank of the output.
 AttentionArgs = collections.namedtuple(
     "AttentionArgs", "query key value mask batch heads dropout_p is_causal scale seed "
-                     "bottom_right out_ndim")
+                     "bottom_right window out_ndim")
 
 
 def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, seed,
-                   causal_alignment, mask_name):
+                   causal_alignment, mask_name, window=None):
     """Everything scaled_dot_product_attention takes, checked; returns an AttentionArgs.
 
     query (..., H, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -- or 2-D (L, E) etc.
     without a head dim -- of one float dtype; leading batch dims broadcast; H = Hkv, or a
     multiple of it with enable_gqa (or Hkv = 1, which broadcasts). The mask (bool, or float of
-    the query dtype) must broadcast to (batch..., H, L, S) without enlarging it.
+    the query dtype) must broadcast to (batch..., H, L, S) without enlarging it. window: see
+    window_value.
     """
     query = float_array("query", query)
     key = float_array("key", key)
@@ -356,13 +377,14 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
     if causal_alignment not in ALIGNMENTS:
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}; got "
                          f"{causal_alignment!r}")
+    window = window_value("window", window)
     query, key, value = contiguous(query, key, value)
     return AttentionArgs(
         query=query, key=key, value=value, mask=mask, batch=batch, heads=heads,
         dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
         scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
         seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
-        out_ndim=max(query.ndim, key.ndim, value.ndim))
+        window=window, out_ndim=max(query.ndim, key.ndim, value.ndim))
 
 
 def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_causal, scale,

@@ -175,16 +175,38 @@ def causal_mask(L, S, alignment="top-left"):
     return np.arange(S)[None, :] <= np.arange(L)[:, None] + shift   # (L, S)
 
 
-def _sdpa_mask(attn_mask, is_causal, L, S, alignment):
-    """attn_mask and the causal mask as one mask of attention_forward's kinds (or None)."""
-    if not is_causal:
+def window_mask(L, S, window, alignment="top-left"):
+    """The keys each query may see under ``window=(left, right)`` (True = visible): key j
+    iff d - left <= j <= d + right, where d is query i's diagonal -- i ("top-left") or
+    i + S - L ("bottom-right"), as causal_mask. ``None`` on a side: no bound there.
+    Shapes: -> (L, S) bool
+    """
+    left, right = window
+    d = np.arange(L)[:, None] + (0 if alignment == "top-left" else S - L)   # (L, 1)
+    j = np.arange(S)[None, :]                                             # (1, S)
+    visible = np.ones((L, S), bool)
+    if left is not None:
+        visible &= j >= d - left
+    if right is not None:
+        visible &= j <= d + right
+    return visible
+
+
+def _sdpa_mask(attn_mask, is_causal, L, S, alignment, window=None):
+    """attn_mask, the causal mask and the window as one mask of attention_forward's kinds (or
+    None)."""
+    if not is_causal and window is None:
         return attn_mask
-    causal = causal_mask(L, S, alignment)                # (L, S)
+    visible = np.ones((L, S), bool)                      # (L, S)
+    if is_causal:
+        visible &= causal_mask(L, S, alignment)
+    if window is not None:
+        visible &= window_mask(L, S, window, alignment)
     if attn_mask is None:
-        return causal
+        return visible
     if attn_mask.dtype == bool:
-        return attn_mask & causal                        # (..., L, S)
-    return attn_mask + np.where(causal, 0.0, -np.inf)    # (..., L, S)
+        return attn_mask & visible                       # (..., L, S)
+    return attn_mask + np.where(visible, 0.0, -np.inf)   # (..., L, S)
 
 
 def _repeat_kv(query, key, value, enable_gqa):
@@ -216,12 +238,14 @@ def _logsumexp(scores):
 
 def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep=None,
                                          dropout_p=0.0, is_causal=False, scale=None,
-                                         enable_gqa=False, causal_alignment="top-left"):
+                                         enable_gqa=False, causal_alignment="top-left",
+                                         window=None):
     """torch.nn.functional.scaled_dot_product_attention, plus the logsumexp of each score row.
 
     output = dropout(softmax(q·kᵀ·scale + mask)) · v,  logsumexp_i = log Σ_j exp(scores_ij).
     ``scale`` defaults to 1/√E; ``attn_mask`` is bool (True takes part) or float (added);
-    ``is_causal`` adds :func:`causal_mask` on top of it; ``enable_gqa`` repeats each kv head
+    ``is_causal`` adds :func:`causal_mask` on top of it and ``window`` :func:`window_mask`
+    (both hide keys: -inf); ``enable_gqa`` repeats each kv head
     for H // Hkv query heads; ``keep`` is the dropout keep-mask or None. Batch dims broadcast.
     A fully masked row gives a zero output row and logsumexp -inf.
     Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev),
@@ -230,7 +254,8 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep
     """
     scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
     key, value, _ = _repeat_kv(query, key, value, enable_gqa)   # (..., H, S, E), (..., H, S, Ev)
-    mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment)
+    mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
+                      window)
     output, _ = attention_forward(query, key, value, mask, keep, dropout_p, scale)
     logsumexp = _logsumexp(_masked_scores(query, key, mask, scale))  # (..., H, L)
     return output, np.broadcast_to(logsumexp, output.shape[:-1]).copy()  # value's batch dims too
@@ -238,7 +263,8 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep
 
 def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=None, keep=None,
                                           dropout_p=0.0, is_causal=False, scale=None,
-                                          enable_gqa=False, causal_alignment="top-left"):
+                                          enable_gqa=False, causal_alignment="top-left",
+                                          window=None):
     """Gradients of query, key, value and a float attn_mask: attention_backward, put back.
 
     Each kv head served H // Hkv query heads, so its gradient is the sum over its group; every
@@ -249,7 +275,8 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     """
     scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
     key_h, value_h, group = _repeat_kv(query, key, value, enable_gqa)
-    mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment)
+    mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
+                      window)
     dquery, dkey, dvalue, dmask = attention_backward(dout, query, key_h, value_h, mask, keep,
                                                      dropout_p, scale)
     if group > 1:                                        # (batch..., Hkv·group, S, ·) -> Hkv

@@ -283,6 +283,14 @@ def attention_problem(case, sdpa):
              keyword=True)
     case.add("causal_alignment", case.draw(st.sampled_from(["top-left", "bottom-right"]), "align"),
              choice_options(["top-left", "bottom-right"]), keyword=True)
+    side = st.none() | st.integers(0, 8)
+    case.add("window", case.draw(st.none() | st.tuples(side, side), "window"),
+             [("(-1, 2)", (-1, 2), True), ("(1, -3)", (1, -3), True), ("3", 3, True),
+              ("(1, 2, 3)", (1, 2, 3), True), ("(1.5, 2)", (1.5, 2), True),
+              ("(True, 0)", (True, 0), True), ("'(1, 2)'", "(1, 2)", True),
+              ("(None, None)", (None, None), False), ("[0, 0]", [0, 0], False),
+              ("(np.int64(2), None)", (np.int64(2), None), False),
+              ("(10**30, 0)", (10**30, 0), False)], keyword=True)
     if sdpa:
         case.add("enable_gqa", heads_kind == "gqa" or case.draw(st.booleans(), "enable_gqa"),
                  flag_options(), keyword=True)
@@ -338,10 +346,16 @@ def attention_reference(a, mask_name):
     scale = (1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0) if a["scale"] is None \
         else float(a["scale"])                           # E = 0: npattn's scale is 1
     out, lse = reference.scaled_dot_product_attention_forward(
-        q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa, a["causal_alignment"])
+        q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa, a["causal_alignment"],
+        window(a))
     out_ndim = max(q.ndim, k.ndim, v.ndim)
     shape = (batch + (heads, length, v.shape[-1]))[-out_ndim:]
     return out.reshape(shape), lse.reshape(shape[:-1]), keep, mask, q, k, v, p, gqa, scale
+
+
+def window(a):
+    """The window argument as the reference takes it: None or a (left, right) tuple."""
+    return None if a.get("window") is None else tuple(a["window"])
 
 
 def attention_scale(a, q, k, v):
@@ -359,7 +373,8 @@ def gen_sdpa(case, fn, mode):
         out, lse = npattn.scaled_dot_product_attention_forward(
             valid["query"], valid["key"], valid["value"], valid["attn_mask"],
             valid["dropout_p"], valid["is_causal"], valid["scale"], valid["enable_gqa"],
-            seed=valid["seed"], causal_alignment=valid["causal_alignment"])
+            seed=valid["seed"], causal_alignment=valid["causal_alignment"],
+            window=valid["window"])
         dout = case.values(out.shape, out.dtype)
         case.add("dout", dout, float_options(case, dout, anchored=DTYPE,
                                              bad_shapes=[out.shape[:-1] + (out.shape[-1] + 1,)]),
@@ -397,7 +412,7 @@ def gen_sdpa(case, fn, mode):
         if case.finite:
             want = reference.scaled_dot_product_attention_backward(
                 f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa,
-                a["causal_alignment"])
+                a["causal_alignment"], window(a))
             big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
             for g, ref, what in zip(grads, want, ("dquery", "dkey", "dvalue", "dmask")):
                 close(g, ref, dt, big, what)
@@ -440,7 +455,7 @@ def gen_attention(case, fn, backward):
         if case.finite:
             want = reference.scaled_dot_product_attention_backward(
                 f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, False,
-                a["causal_alignment"])
+                a["causal_alignment"], window(a))
             big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
             for g, ref, what in zip(grads, want, ("dquery", "dkey", "dvalue", "dmask")):
                 close(g, ref, dt, big, what)

@@ -61,6 +61,7 @@ class Case:
     causal_alignment: str = "top-left"
     scale: object = None
     enable_gqa: bool = False
+    window: object = None
 
     def __repr__(self):                     # shapes and options, not pages of numbers
         def describe(a):
@@ -72,7 +73,7 @@ class Case:
                            for n in ("query", "key", "value", "attn_mask"))
         return (f"Case({arrays}, dropout_p={self.dropout_p!r}, seed={self.seed!r}, "
                 f"is_causal={self.is_causal}, causal_alignment={self.causal_alignment!r}, "
-                f"scale={self.scale!r}, enable_gqa={self.enable_gqa})")
+                f"scale={self.scale!r}, enable_gqa={self.enable_gqa}, window={self.window!r})")
 
     def _repr_pretty_(self, printer, cycle):   # Hypothesis prints this
         printer.text(repr(self))
@@ -111,12 +112,12 @@ class Case:
     def kwargs(self):
         return dict(attn_mask=self.attn_mask, dropout_p=self.dropout_p, is_causal=self.is_causal,
                     scale=self.scale, enable_gqa=self.enable_gqa, seed=self.seed,
-                    causal_alignment=self.causal_alignment)
+                    causal_alignment=self.causal_alignment, window=self.window)
 
     def attention_kwargs(self):
         """attention()'s keywords (the mask and dropout_p go positionally; no enable_gqa)."""
         return dict(scale=self.scale, is_causal=self.is_causal, seed=self.seed,
-                    causal_alignment=self.causal_alignment)
+                    causal_alignment=self.causal_alignment, window=self.window)
 
     def keep(self):
         """The contract's keep-mask: dropout_mask((B, H, L, S), p, seed) in the weights' shape."""
@@ -135,7 +136,28 @@ class Case:
     def reference_kwargs(self):
         return dict(attn_mask=self.mask64(), keep=self.keep(), dropout_p=self.dropout_p,
                     is_causal=self.is_causal, scale=self.scale, enable_gqa=self.enable_gqa,
-                    causal_alignment=self.causal_alignment)
+                    causal_alignment=self.causal_alignment, window=self.window)
+
+    def visible(self):
+        """(L, S) bool: the keys is_causal and window leave each query, or None for all."""
+        L, S = self.query.shape[-2], self.key.shape[-2]
+        if not self.is_causal and self.window is None:
+            return None
+        visible = np.ones((L, S), bool)
+        if self.is_causal:
+            visible &= reference.causal_mask(L, S, self.causal_alignment)
+        if self.window is not None:
+            visible &= reference.window_mask(L, S, self.window, self.causal_alignment)
+        return visible
+
+    def mask_with_visible(self):
+        """mask64() with the keys visible() hides masked too: one explicit mask."""
+        mask, visible = self.mask64(), self.visible()
+        if visible is None:
+            return mask
+        if mask is None:
+            return visible
+        return mask & visible if mask.dtype == bool else mask + np.where(visible, 0.0, -np.inf)
 
     def reference_forward(self):
         q, k, v = f64(self.query, self.key, self.value)
@@ -156,11 +178,7 @@ class Case:
             q, k, v = (np.nan_to_num(a, nan=0.0) for a in (q, k, v))
         if self.group > 1:
             k, v = (np.repeat(a, self.group, axis=-3) for a in (k, v))
-        mask = self.mask64()
-        if self.is_causal:
-            causal = reference.causal_mask(q.shape[-2], k.shape[-2], self.causal_alignment)
-            mask = causal if mask is None else (
-                mask & causal if mask.dtype == bool else mask + np.where(causal, 0.0, -np.inf))
+        mask = self.mask_with_visible()
         _, probs = reference.attention_forward(q, k, v, mask, scale=self.scale_value)
         _, weights = reference.attention_forward(q, k, v, mask, self.keep(), self.dropout_p,
                                                  self.scale_value)
@@ -305,8 +323,16 @@ def mask_shapes(draw, target):
     return tuple(dims[draw(st.integers(0, len(dims) - 1)):])      # at least 1-D
 
 
+def window_sides(L, S):
+    """window=(left, right): unbounded, zero-width, narrow, about a block, wider than S."""
+    side = st.one_of(st.none(), st.just(0), st.integers(0, 6), st.integers(0, max(L, S) + 2),
+                     st.sampled_from([BK - 1, BK, 10**12]))
+    return st.tuples(side, side)
+
+
 @st.composite
-def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", "wide")):
+def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", "wide"),
+               windows=True):
     """One call of scaled_dot_product_attention: every argument, any layout, and a dout."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     dtype = draw(dtypes)
@@ -366,7 +392,9 @@ def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", 
     elif draw(st.booleans()):
         case.seed = draw(st.integers(0, 2**64 - 1))      # a seed without dropout changes nothing
     case.is_causal = draw(st.booleans())
-    case.causal_alignment = draw(st.sampled_from(ALIGNMENTS))   # ignored unless causal
+    case.causal_alignment = draw(st.sampled_from(ALIGNMENTS))   # ignored unless causal/window
+    if windows and draw(st.integers(0, 2)) == 0:
+        case.window = draw(window_sides(L, S))
     factor = draw(st.none() | st.floats(-2.0, 2.0))
     case.scale = None if factor is None else factor / math.sqrt(E)
     return case
@@ -477,12 +505,11 @@ def test_matches_torch(torch, case):
     """
     q, k, v, dout = f64(case.query, case.key, case.value, case.dout)
     mask = case.mask64()
-    explicit = case.is_causal and (mask is not None or case.causal_alignment == "bottom-right"
-                                   or (case.scale is not None and case.scale <= 0))
-    if explicit:
-        causal = reference.causal_mask(q.shape[-2], k.shape[-2], case.causal_alignment)
-        mask = causal if mask is None else (
-            mask & causal if mask.dtype == bool else mask + np.where(causal, 0.0, -np.inf))
+    explicit = case.window is not None or case.is_causal and (
+        mask is not None or case.causal_alignment == "bottom-right"
+        or (case.scale is not None and case.scale <= 0))
+    if explicit:                        # a window is always a dense mask for PyTorch
+        mask = case.mask_with_visible()
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
     tmask = None if mask is None else torch.tensor(mask, requires_grad=mask.dtype != bool)
     full = [tq, tk, tv]
@@ -538,7 +565,8 @@ def test_the_articles_three_token_example():
 # ------------------------------------------------------------------ edge cases, one by one
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("how", ["bool", "float", "bottom-right", "no keys"])
+@pytest.mark.parametrize("how", ["bool", "float", "bottom-right", "no keys", "window",
+                                 "window left"])
 def test_fully_masked_rows_give_zeros_not_nan(dtype, how):
     rng = np.random.default_rng(11)
     B, H, L, S, E, Ev = 2, 3, 6, 0 if how == "no keys" else 4, 5, 3
@@ -557,6 +585,12 @@ def test_fully_masked_rows_give_zeros_not_nan(dtype, how):
     elif how == "bottom-right":                          # L > S: the first L - S see no key
         case.is_causal, case.causal_alignment = True, "bottom-right"
         masked[:, :, :L - S] = True
+    elif how == "window":                  # diagonal i - 2: rows 0, 1 lie left of every key
+        case.window, case.causal_alignment = (0, 0), "bottom-right"
+        masked[:, :, :L - S] = True
+    elif how == "window left":             # keys j >= i - 1: row 5 lies right of every key
+        case.window = (1, None)
+        masked[:, :, 5] = True
     else:
         masked[:] = True
     mask_grad = how == "float"
@@ -580,6 +614,43 @@ def test_fully_masked_rows_give_zeros_not_nan(dtype, how):
     _, weights = attention(case.query, case.key, case.value, case.attn_mask,
                            **case.attention_kwargs())
     assert np.all(weights[masked] == 0) and not np.isnan(weights).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_window_is_the_mask_it_describes_bit_for_bit(dtype):
+    """Windows that hide nothing are no window; a window with right side 0 is the causal
+    mask; any window is the bool mask reference.window_mask builds -- the same bits, forward
+    and backward, over several key blocks (the blocks outside every window are skipped, the
+    mask's are computed and contribute exact zeros)."""
+    rng = np.random.default_rng(16)
+    L, S = 300, 400
+    q, k, v, dout = (make_values(rng, s, dtype) for s in
+                     ((2, 2, L, 24), (2, 1, S, 24), (2, 1, S, 8), (2, 2, L, 8)))
+
+    def run(**kw):
+        out, lse = scaled_dot_product_attention_forward(q, k, v, enable_gqa=True, **kw)
+        grads = scaled_dot_product_attention_backward(dout, q, k, v, out, lse,
+                                                      enable_gqa=True, **kw)
+        mask = kw.pop("attn_mask", None)
+        _, weights = attention(q[:, :1], k, v, mask, **kw)
+        return out, lse, *grads, weights
+
+    def same(a, b):
+        for x, y in zip(a, b, strict=True):
+            assert_identical(x, y)
+
+    for align in ALIGNMENTS:
+        full = run(causal_alignment=align)
+        same(run(causal_alignment=align, window=(S + L, S + L)), full)
+        same(run(causal_alignment=align, window=(None, 10**15)), full)
+        causal = run(causal_alignment=align, is_causal=True)
+        same(run(causal_alignment=align, window=(None, 0)), causal)
+        same(run(causal_alignment=align, window=(None, 5), is_causal=True), causal)
+        for window in ((40, 3), (0, 0), (200, None), (None, 130), (7, 260)):
+            band = run(causal_alignment=align, window=window)
+            assert not np.array_equal(band[0], full[0])
+            same(band, run(causal_alignment=align,
+                           attn_mask=reference.window_mask(L, S, window, align)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -821,6 +892,15 @@ BAD_INPUT = [                               # call, error, a word the message mu
     (lambda: attention_backward(DOUT[..., :5], Q, Q, Q, output=OUT[..., :5],
                                 logsumexp=LSE[..., :2]), ValueError, "logsumexp"),
     (lambda: attention(Q, Q, Q, return_logsumexp="yes"), TypeError, "return_logsumexp"),
+    (lambda: sdpa(window=(-1, 3)), ValueError, "window's left side.*-1"),
+    (lambda: sdpa(window=(2, -5)), ValueError, "window's right side.*-5"),
+    (lambda: sdpa(window=4), TypeError, "window.*pair"),
+    (lambda: sdpa(window=(1, 2, 3)), TypeError, "window.*pair"),
+    (lambda: sdpa(window=(1.5, 2)), TypeError, "window's left side.*float"),
+    (lambda: sdpa(window=(True, 2)), TypeError, "window's left side.*bool"),
+    (lambda: sdpa_backward(window=(0, -1)), ValueError, "window's right side"),
+    (lambda: attention(Q, Q, Q, window=(None, -2)), ValueError, "window's right side"),
+    (lambda: attention_backward(DOUT, Q, Q, Q, window="10"), TypeError, "window"),
 ]
 
 

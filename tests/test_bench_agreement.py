@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from benchmarks import cases, timing
 from benchmarks import (bench_attention, bench_gpt, bench_linear, bench_matmul,  # noqa: F401
-                        bench_softmax)                                             # (register)
+                        bench_softmax, bench_variants)                             # (register)
 
 try:
     import torch
@@ -97,3 +97,22 @@ def test_every_quick_case_agrees_and_a_planted_wrong_peer_is_refused(make, size)
     bench.impls["NumPy"] = lambda: scaled(numpy())
     with pytest.raises(ValueError, match="NumPy disagrees"):
         timing.measure(bench.impls, rounds=1, target=1e-4, max_seconds=1.0, settle=0.0)
+
+
+def test_a_baseline_is_timed_but_not_compared():
+    """A case's baseline (Bench.baseline: npattn on a related problem, e.g. full causal
+    attention beside a sliding window) is timed in the same rounds and reported beside the
+    peers, but computes something else: it is left out of the agreement check, and only it."""
+    from benchmarks import report
+    a = np.arange(3.0)
+    impls = {"npattn": lambda: a, "NumPy": lambda: a.copy(), cases.BASELINE: lambda: a + 1}
+    results = timing.measure(impls, rounds=2, target=1e-4, max_seconds=1.0, settle=0.0,
+                             unchecked=(cases.BASELINE,))
+    assert set(results) == set(impls) and results[cases.BASELINE]["agreement"] is None
+    with pytest.raises(ValueError, match="disagrees"):
+        timing.measure(impls, rounds=1, target=1e-4, max_seconds=1.0, settle=0.0)
+    record = {"label": "x", "flops": 1.0, "results": results, "baseline": "the same, plus one"}
+    text = report.table([record])
+    assert "speedup vs baseline" in text and "x: baseline = the same, plus one." in text
+    assert "speedup vs baseline" not in report.table([{**record, "results": {
+        n: r for n, r in results.items() if n != cases.BASELINE}}])

@@ -20,6 +20,11 @@ Rules, as PyTorch's ``scaled_dot_product_attention`` (2.5+):
   broadcast to (..., H, L, S) and are read through their broadcast shape (never expanded);
 * ``is_causal``: key j is visible to query i when j <= i (top-left); ``causal_alignment=
   "bottom-right"`` makes it j <= i + S - L, the rule for decoding with a KV cache (L < S);
+* ``window=(left, right)`` (Mistral's sliding window, Longformer's band): query i sees key j
+  only when d - left <= j <= d + right, d = i on the diagonal of the causal alignment in force
+  (i + S - L for "bottom-right"), with or without ``is_causal``; ``None`` on a side is
+  unbounded. Blocks of keys outside every row's window are skipped, never computed, so time
+  grows with L·(left + right), not L·S. A row the window leaves empty is a fully masked row;
 * a row whose every key is masked gives zeros and zero gradients, not NaN; NaN propagates;
 * dropout zeroes weight (b, h, i, j) unless kept by ``dropout_mask((B, H, L, S), dropout_p,
   seed)`` (B: the broadcast batch dims flattened) and scales the kept ones by 1/(1-p). The
@@ -57,7 +62,8 @@ import numpy as np
 
 from .. import _checks
 from ..kernels.attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, Dropout,
-                                       ForwardResults, Gradients, Inputs, Saved, Scores)
+                                       UNBOUNDED, ForwardResults, Gradients, Inputs, Saved,
+                                       Scores)
 from ..kernels.decode import SERIAL_MACS, decode_attention_kernel
 from ..kernels.random import keep_threshold, kept_scale, stream_key
 from ..kernels.tiles import engine
@@ -119,9 +125,11 @@ def _prepare(args):
             float_planes, kind = flat, FLOAT_MASK
     n_rows, n_keys = q4.shape[2], k4.shape[2]
     p = args.dropout_p
+    left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in args.window)
     scores = Scores(scale=args.scale, mask_kind=kind, bool_planes=bool_planes,
                     float_planes=float_planes, plane_of=plane_of, causal=args.is_causal,
-                    offset=n_keys - n_rows if args.bottom_right else 0)
+                    offset=n_keys - n_rows if args.bottom_right else 0,
+                    window_left=left, window_right=right)
     dropout = Dropout(stream=stream_key(args.seed),
                       threshold=keep_threshold(p) if p > 0 else np.uint64(0),
                       scale=kept_scale(p, dtype))
@@ -255,7 +263,7 @@ def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
 
 def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, dropout_p=0.0,
                                          is_causal=False, scale=None, enable_gqa=False, *,
-                                         seed=None, causal_alignment="top-left"):
+                                         seed=None, causal_alignment="top-left", window=None):
     """``(output, logsumexp)``: attention's output and, per query row, log Σ_j exp(score_ij).
 
     Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) ->
@@ -265,7 +273,7 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
     it rebuilds any block of weights as exp(score - logsumexp). ``scale`` defaults to 1/√E.
     """
     args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                  enable_gqa, seed, causal_alignment, "attn_mask")
+                                  enable_gqa, seed, causal_alignment, "attn_mask", window)
     run = _prepare(args)
     out, lse, _, _ = _run_forward(run, store_weights=False)
     return _shaped(out, run), _shaped(lse, run)
@@ -273,7 +281,7 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, seed=None,
-                                 causal_alignment="top-left"):
+                                 causal_alignment="top-left", window=None):
     """softmax(query·keyᵀ·scale + mask) · value, as ``torch.nn.functional.
     scaled_dot_product_attention`` (see the module docstring for the rules).
 
@@ -282,13 +290,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     return scaled_dot_product_attention_forward(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed=seed,
-        causal_alignment=causal_alignment)[0]
+        causal_alignment=causal_alignment, window=window)[0]
 
 
 def scaled_dot_product_attention_backward(dout, query, key, value, output, logsumexp,
                                           attn_mask=None, dropout_p=0.0, is_causal=False,
                                           scale=None, enable_gqa=False, *, seed=None,
-                                          causal_alignment="top-left", mask_grad=False):
+                                          causal_alignment="top-left", window=None,
+                                          mask_grad=False):
     """Gradients ``(dquery, dkey, dvalue)``, and ``dmask`` last when ``mask_grad`` is True.
 
     Shapes: dout, output (..., H, L, Ev) · logsumexp (..., H, L) and forward's arguments ->
@@ -300,7 +309,7 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
     Each block of p is rebuilt from ``logsumexp``; forward's arguments must be passed again.
     """
     args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                  enable_gqa, seed, causal_alignment, "attn_mask")
+                                  enable_gqa, seed, causal_alignment, "attn_mask", window)
     run = _prepare(args)
     dout, output, lse = _backward_args(dout, output, logsumexp, args, run, "attn_mask",
                                        mask_grad)
@@ -309,7 +318,7 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
 
 
 def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_causal=False,
-              seed=None, causal_alignment="top-left", return_logsumexp=False):
+              seed=None, causal_alignment="top-left", window=None, return_logsumexp=False):
     """The article's ``attention``: ``(output, weights)`` with weights = dropout(softmax(
     query·keyᵀ/√d_k + mask)), the article's ``p_attn``, and output = weights · value.
 
@@ -322,7 +331,7 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
     hand output and logsumexp to attention_backward and it skips running the forward again.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask")
+                                  seed, causal_alignment, "mask", window)
     run = _prepare(args)
     out, lse, weights, _ = _run_forward(run, store_weights=True)
     if _checks.flag("return_logsumexp", return_logsumexp):
@@ -331,7 +340,7 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
 
 
 def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, scale=None,
-                       is_causal=False, seed=None, causal_alignment="top-left",
+                       is_causal=False, seed=None, causal_alignment="top-left", window=None,
                        mask_grad=False, output=None, logsumexp=None):
     """Gradients of ``attention``'s output: ``(dquery, dkey, dvalue)`` (and ``dmask``).
 
@@ -345,7 +354,7 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
     returned weights.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask")
+                                  seed, causal_alignment, "mask", window)
     run = _prepare(args)
     if (output is None) != (logsumexp is None):
         given, missing = ("output", "logsumexp") if logsumexp is None else ("logsumexp",

@@ -40,10 +40,12 @@ unchanged: ``inputs`` (q, k, v and the broadcast index maps), ``scores`` (scale,
 Masks are read through their broadcast shape: ``scores.bool_planes``/``float_planes`` hold
 planes (Lm, Sm) with Lm in {1, L} and Sm in {1, S}, and ``scores.plane_of[b·H + h]`` says
 which plane head (b, h) uses, so a (L, S) padding mask is one plane however many heads read
-it. Which keys a row may see at all is one rule, ``key_end(scores, i)`` (causal: j <= i +
-offset; offset 0: top-left, PyTorch's rule; S - L: bottom-right). Key blocks that no query of
-a block can see are skipped, not computed, and so are the keys past ``key_end`` in each
-forward panel and the tiles of backward wholly past it.
+it. Which keys a row may see at all is one rule, ``key_start(scores, i) <= j <
+key_end(scores, i)`` (causal: j <= i + offset, offset 0: top-left, PyTorch's rule, S - L:
+bottom-right; a sliding window: i + offset - left <= j <= i + offset + right). Key blocks
+that no query of a block can see are skipped, not computed, and so are the MR-key strips
+outside those bounds in each forward panel, the backward tiles wholly outside them, and the
+rows (keys) of backward's products that cannot see (be seen by) a key panel (query strip).
 
 Dropout: weight (b, h, i, j) is kept when
 ``keep(dropout.stream, ((b·H + h)·L + i)·S + j, dropout.threshold)`` (``kernels/random.py``),
@@ -73,7 +75,7 @@ from .._jit import call_body, kernel, parallel_items
 from . import _gemm_micro, tiles
 from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, Dropout,  # noqa: F401
                               ForwardResults, Gradients, Inputs, KeyBlock, QueryBlock, Saved,
-                              Scores, Scratch, head_planes, key_end)
+                              Scores, Scratch, head_planes, key_end, key_start)
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .random import keep
 
@@ -155,12 +157,13 @@ def pack_columns(x, r0, rows, lanes, capacity, out):
 @kernel
 def mask_tile(tile, i0, rows, j0, cols, scores, bplane, fplane):
     # tile[r, c], the scaled score of query i0 + r and key j0 + c, becomes -inf where that key
-    # does not take part: past the last row or key, a False in a bool mask, or at or past the
-    # row's key_end (the causal diagonal); a float mask is added. bplane/fplane (Lm, Sm): the
-    # head's planes (head_planes), read through their broadcast shape.
+    # does not take part: past the last row or key, a False in a bool mask, or outside the
+    # row's key_start .. key_end (window, causal diagonal); a float mask is added.
+    # bplane/fplane (Lm, Sm): the head's planes (head_planes), read through their broadcast
+    # shape.
     mask_kind = scores.mask_kind
     if (mask_kind == NO_MASK and rows >= MR and cols >= NR
-            and j0 + NR <= key_end(scores, i0)):
+            and j0 + NR <= key_end(scores, i0) and j0 >= key_start(scores, i0 + MR - 1)):
         return                                     # the common case: every key visible
     minus_inf = tile.dtype.type(-np.inf)
     cols = min(cols, NR)
@@ -170,24 +173,27 @@ def mask_tile(tile, i0, rows, j0, cols, scores, bplane, fplane):
         if r >= rows:
             row[:] = minus_inf
             continue
-        visible = max(min(cols, key_end(scores, i) - j0), 0)   # keys < visible pass
+        visible = max(min(cols, key_end(scores, i) - j0), 0)   # keys lo .. visible pass
+        lo = max(key_start(scores, i) - j0, 0)
         if mask_kind == BOOL_MASK:
             mrow = bplane[i if bplane.shape[0] > 1 else 0]
             if mrow.shape[0] == 1:
                 if not mrow[0]:
                     visible = 0
             else:
-                for c in range(visible):
+                for c in range(lo, visible):
                     if not mrow[j0 + c]:
                         row[c] = minus_inf
         elif mask_kind == FLOAT_MASK:
             frow = fplane[i if fplane.shape[0] > 1 else 0]
             if frow.shape[0] == 1:
-                for c in range(visible):
+                for c in range(lo, visible):
                     row[c] += frow[0]
             else:
-                for c in range(visible):
+                for c in range(lo, visible):
                     row[c] += frow[j0 + c]
+        for c in range(min(lo, visible)):
+            row[c] = minus_inf
         for c in range(visible, NR):
             row[c] = minus_inf
 
@@ -215,29 +221,33 @@ def add_tile(tile, dst, r0, rows, c0, width):
 @kernel
 def mask_panel(pt, n_keys, i0, rows, j0, scores, bplane, fplane):
     # pt[j·NR + c], the scaled score of query i0 + c and key j0 + j (j < n_keys), becomes
-    # -inf where that key does not take part (a False in a bool mask, or at or past the row's
-    # key_end); a float mask is added. bplane/fplane (Lm, Sm): the head's planes, read
-    # through their broadcast shape. Queries past `rows` are padding: left alone.
+    # -inf where that key does not take part (a False in a bool mask, or outside the row's
+    # key_start .. key_end); a float mask is added. bplane/fplane (Lm, Sm): the head's
+    # planes, read through their broadcast shape. Queries past `rows` are padding: left alone.
     mask_kind = scores.mask_kind
-    if mask_kind == NO_MASK and j0 + n_keys <= key_end(scores, i0):
+    if (mask_kind == NO_MASK and j0 + n_keys <= key_end(scores, i0)
+            and j0 >= key_start(scores, i0 + NR - 1)):
         return                                     # the common case: every key visible
     minus_inf = pt.dtype.type(-np.inf)
     for c in range(min(NR, rows)):
         i = i0 + c
-        visible = max(min(n_keys, key_end(scores, i) - j0), 0)
+        visible = max(min(n_keys, key_end(scores, i) - j0), 0)   # keys lo .. visible pass
+        lo = max(key_start(scores, i) - j0, 0)
         if mask_kind == BOOL_MASK:
             mrow = bplane[i if bplane.shape[0] > 1 else 0]
             if mrow.shape[0] == 1:
                 if not mrow[0]:
                     visible = 0
             else:
-                for j in range(visible):
+                for j in range(lo, visible):
                     if not mrow[j0 + j]:
                         pt[j * NR + c] = minus_inf
         elif mask_kind == FLOAT_MASK:
             frow = fplane[i if fplane.shape[0] > 1 else 0]
-            for j in range(visible):
+            for j in range(lo, visible):
                 pt[j * NR + c] += frow[j0 + j if frow.shape[0] > 1 else 0]
+        for j in range(min(lo, visible)):
+            pt[j * NR + c] = minus_inf
         for j in range(visible, n_keys):
             pt[j * NR + c] = minus_inf
 
@@ -251,41 +261,42 @@ lane_max = kernel(getattr(_gemm_micro, f"lane_max_{NR}"))
 
 
 @kernel
-def panel_softmax(pt, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys, dropout):
-    # One query panel (NR queries) through one key block. pt (FORWARD_BK·NR) holds the panel's
-    # masked scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the running max; ot
-    # (Ev', NR) the running output transposed, whose row `ones` (see forward_item) holds the
-    # running sum l; vs the block's values as MR-column strips, plus that row of ones. Every
-    # loop below runs along the NR queries: one vector of float32. With dropout, the ones row
-    # would sum the dropped probabilities: the pre-dropout sum goes to l (NR,) instead.
-    # `first` is the dropout index of the panel's (key 0, query 0) weight; queries are
-    # n_all_keys apart.
+def panel_softmax(pt, lo, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys, dropout):
+    # One query panel (NR queries) through keys lo .. n_keys of one key block (the keys before
+    # lo are hidden from every query of the panel: not computed). pt (FORWARD_BK·NR) holds the
+    # panel's masked scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the
+    # running max; ot (Ev', NR) the running output transposed, whose row `ones` (see
+    # forward_item) holds the running sum l; vs the block's values as MR-column strips, plus
+    # that row of ones. Every loop below runs along the NR queries: one vector of float32.
+    # With dropout, the ones row would sum the dropped probabilities: the pre-dropout sum
+    # goes to l (NR,) instead. `first` is the dropout index of the panel's (key 0, query 0)
+    # weight; queries are n_all_keys apart.
     zero = ot.dtype.type(0)
     block_max = stats[0]
     shift = stats[1]
     alpha = stats[2]
-    lane_max(pt, n_keys, block_max)
+    lane_max(pt[lo * NR:], n_keys - lo, block_max)
     for c in range(NR):
         new = max(m[c], block_max[c])
         shift[c] = zero if new == -np.inf else new  # every key so far masked: exp(-inf) = 0
         alpha[c] = math.exp(m[c] - shift[c])        # 0 when m was -inf
         m[c] = new
-    n = n_keys * NR
-    exp_shifted_native(pt[:n], shift, e[:n])   # e = exp(s - shift)
+    a, n = lo * NR, n_keys * NR
+    exp_shifted_native(pt[a:n], shift, e[a:n])   # e = exp(s - shift)
     if dropout.threshold > 0:
         total = stats[3]
         total[:] = zero
-        for j in range(n_keys):
+        for j in range(lo, n_keys):
             for c in range(NR):
                 total[c] += e[j * NR + c]
         for c in range(NR):
             l[c] = l[c] * alpha[c] + total[c]       # the pre-dropout denominator
-        for j in range(n_keys):
+        for j in range(lo, n_keys):
             for c in range(NR):
                 kept = keep(dropout.stream, first + c * n_all_keys + j, dropout.threshold)
                 e[j * NR + c] = e[j * NR + c] * dropout.scale if kept else zero
-    for r0 in range(0, ot.shape[0], MR):            # oᵀ = oᵀ·alpha + vᵀ·pᵀ, MR value
-        micro_kernel(n_keys, vs[r0 * FORWARD_BK:], e, tile)  # columns at a time
+    for r0 in range(0, ot.shape[0], MR):   # oᵀ = oᵀ·alpha + vᵀ·pᵀ, MR value columns at a time
+        micro_kernel(n_keys - lo, vs[r0 * FORWARD_BK + lo * MR:], e[a:], tile)
         for r in range(MR):
             orow = ot[r0 + r]
             for c in range(NR):
@@ -304,25 +315,26 @@ def ones_row(vs, row, n_keys):
 
 
 @kernel
-def finish_weights(wh, i0, rows, end, lseh, dropout, first):
-    # wh rows i0 .. i0 + rows hold masked scores for keys < end: turn them into the weights
-    # exp(s - lse) (∘ keep / (1 - p)); keys from `end` on were never visible: 0. `first` is
+def finish_weights(wh, i0, rows, begin, end, lseh, dropout, first):
+    # wh rows i0 .. i0 + rows hold masked scores for keys begin .. end: turn them into the
+    # weights exp(s - lse) (∘ keep / (1 - p)); keys outside were never visible: 0. `first` is
     # the dropout index of the head's weight (0, 0).
     n_keys_all = wh.shape[1]
     zero = wh.dtype.type(0)
-    x = np.empty(end, wh.dtype)
+    x = np.empty(max(end - begin, 0), wh.dtype)
     for r in range(rows):
         i = i0 + r
         wrow = wh[i]
         shift = lseh[i] if lseh[i] != -np.inf else wh.dtype.type(np.inf)
-        for j in range(end):
-            x[j] = wrow[j] - shift
-        exp_nonpositive_native(x, wrow[:end])
+        for j in range(x.shape[0]):
+            x[j] = wrow[begin + j] - shift
+        exp_nonpositive_native(x, wrow[begin:begin + x.shape[0]])
         if dropout.threshold > 0:
-            for j in range(end):
+            for j in range(begin, begin + x.shape[0]):
                 kept = keep(dropout.stream, first + i * n_keys_all + j, dropout.threshold)
                 wrow[j] = wrow[j] * dropout.scale if kept else zero
-        wrow[end:] = zero
+        wrow[:begin] = zero
+        wrow[begin + x.shape[0]:] = zero
 
 
 @kernel
@@ -372,28 +384,34 @@ def forward_item(w, inputs, scores, dropout, results, block_rows):
     l = np.zeros(n_panels * NR, dtype)
     ot = np.zeros((n_panels, vcols, NR), dtype)            # the outputs, transposed
     pack_lanes(qh, i0, rows, NR, scores.scale, qp)
-    # keys at or past `end` are invisible to every row of the block (key_end): not computed
+    # keys before `begin` (its block) or at or past `end` are hidden from every row of the
+    # block (key_start, key_end): not computed
     end = min(n_keys_all, max(key_end(scores, i0 + rows - 1), 0))
-    for j0 in range(0, end, FORWARD_BK):
+    begin = min(max(key_start(scores, i0), 0), end) // FORWARD_BK * FORWARD_BK
+    for j0 in range(begin, end, FORWARD_BK):
         n_keys = min(FORWARD_BK, n_keys_all - j0)
         pack_lanes(kh, j0, n_keys, MR, 1.0, ks)
         pack_columns(vh, j0, n_keys, MR, FORWARD_BK, vs)
         ones_row(vs, ones, n_keys)
         for pn in range(n_panels):
             c0 = pn * NR
-            # keys any query of the panel (padding included) may see
+            # keys lo .. n_vis: those any query of the panel (padding included) may see,
+            # from a whole MR-key strip
             n_vis = max(min(n_keys, key_end(scores, i0 + c0 + NR - 1) - j0), 0)
-            for js in range(0, n_vis, MR):                # scoresᵀ = k·(q·scale)ᵀ, written
+            lo = min(max(key_start(scores, i0 + c0) - j0, 0) // MR * MR, n_vis)
+            for js in range(lo, n_vis, MR):               # scoresᵀ = k·(q·scale)ᵀ, written
                 micro_kernel(width, ks[js * width:], qp[c0 * width:], pt_tiles[js:js + MR])
-            mask_panel(pt, n_vis, i0 + c0, rows - c0, j0, scores, bplane, fplane)
+            mask_panel(pt[lo * NR:], n_vis - lo, i0 + c0, rows - c0, j0 + lo, scores, bplane,
+                       fplane)
             if store_weights:                              # the masked scores, for now
                 for c in range(min(NR, rows - c0)):
                     wrow = wh[i0 + c0 + c, j0:j0 + n_keys]
-                    for j in range(n_vis):
+                    wrow[:lo] = -np.inf
+                    for j in range(lo, n_vis):
                         wrow[j] = pt[j * NR + c]
                     wrow[n_vis:] = -np.inf
-            if n_vis > 0:                                  # (the rest are -inf)
-                panel_softmax(pt, n_vis, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e,
+            if n_vis > lo:                                 # (the rest are -inf)
+                panel_softmax(pt, lo, n_vis, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e,
                               stats, tile, first + (i0 + c0) * n_keys_all + j0,
                               n_keys_all, dropout)
     zero = dtype.type(0)
@@ -415,7 +433,7 @@ def forward_item(w, inputs, scores, dropout, results, block_rows):
                 orow[col] = panel[col, c] * inv
             lseh[i] = m[r] + math.log(l[r])
     if store_weights:
-        finish_weights(wh, i0, rows, end, lseh, dropout, first)
+        finish_weights(wh, i0, rows, begin, end, lseh, dropout, first)
 
 
 @parallel_items(forward_item)
@@ -446,8 +464,9 @@ def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, bplane, fplane, dropout
         r0 = s * MR
         for c0 in range(0, n_keys, NR):
             panel = (c0 // NR) * BQ * NR
-            if j0 + c0 >= key_end(scores, i0 + r0 + MR - 1):      # every key of the tile is
-                for r in range(MR):                              # masked: p = w = ds = 0
+            if (j0 + c0 >= key_end(scores, i0 + r0 + MR - 1)        # every key of the tile
+                    or j0 + c0 + NR <= key_start(scores, i0 + r0)):  # is hidden:
+                for r in range(MR):                                 # p = w = ds = 0
                     for c in range(NR):
                         dsp[panel + (r0 + r) * NR + c] = 0
                         wp[panel + (r0 + r) * NR + c] = 0
@@ -490,11 +509,26 @@ def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, bplane, fplane, dropout
 
 
 @kernel
+def rows_seeing(scores, i0, rows, k0, k1):
+    # (r0, r1): rows i0 + r0 .. i0 + r1 of the block i0 .. i0 + rows are those that may see
+    # a key of k0 .. k1 (key_end(i) > k0 and key_start(i) < k1) -- a contiguous range, as
+    # both bounds are non-decreasing in i. Every row, for attention without causal or window.
+    r0 = 0
+    while r0 < rows and key_end(scores, i0 + r0) <= k0:
+        r0 += 1
+    r1 = rows
+    while r1 > r0 and key_start(scores, i0 + r1 - 1) >= k1:
+        r1 -= 1
+    return r0, r1
+
+
+@kernel
 def backward_pair(qb, kb, i0, rows, j0, n_keys, n_keys_all, dqh, dkt, dvt, scores, bplane,
                   fplane, dropout, first, dsh, store_ds, sc):
     # One query block (rows i0 .. i0 + rows, packed: qb) against one key block (keys j0 ..
     # j0 + n_keys, packed: kb): dkt, dvt (E', BK), (Ev', BK) accumulate the key block's
-    # gradients transposed; dqh (L, E) gets ds·k.
+    # gradients transposed; dqh (L, E) gets ds·k. Each product runs over the rows (keys) that
+    # can see (be seen by) its keys (rows) only: the rest of w and ds is exactly 0.
     backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, bplane, fplane, dropout, first,
                    n_keys_all, sc, dsh, store_ds)
     width = dqh.shape[1]
@@ -502,15 +536,23 @@ def backward_pair(qb, kb, i0, rows, j0, n_keys, n_keys_all, dqh, dkt, dvt, score
     ts = sc.ts
     for c0 in range(0, n_keys, NR):                        # dvᵀ += doutᵀ·w, dkᵀ += qᵀ·ds
         panel = (c0 // NR) * BQ * NR
+        p0, p1 = rows_seeing(scores, i0, rows, j0 + c0, j0 + c0 + NR)
+        if p1 <= p0:
+            continue
         for r0 in range(0, dvt.shape[0], MR):
-            micro_kernel(rows, qb.doc[r0 * BQ:], sc.wp[panel:], ts)
+            micro_kernel(p1 - p0, qb.doc[r0 * BQ + p0 * MR:], sc.wp[panel + p0 * NR:], ts)
             add_tile(ts, dvt, r0, MR, c0, dvt.shape[1])
         for r0 in range(0, dkt.shape[0], MR):
-            micro_kernel(rows, qb.qc[r0 * BQ:], sc.dsp[panel:], ts)
+            micro_kernel(p1 - p0, qb.qc[r0 * BQ + p0 * MR:], sc.dsp[panel + p0 * NR:], ts)
             add_tile(ts, dkt, r0, MR, c0, dkt.shape[1])
     for s in range(n_strips):                              # dq += ds·k
+        k0 = min(max(key_start(scores, i0 + s * MR) - j0, 0), n_keys)   # the keys the
+        k1 = min(max(key_end(scores, i0 + s * MR + MR - 1) - j0, k0), n_keys)  # strip sees
+        if k1 <= k0:
+            continue
         for c0 in range(0, width, NR):
-            micro_kernel(n_keys, sc.dsq[s * BK * MR:], kb.kp[(c0 // NR) * BK * NR:], ts)
+            micro_kernel(k1 - k0, sc.dsq[(s * BK + k0) * MR:],
+                         kb.kp[(c0 // NR) * BK * NR + k0 * NR:], ts)
             add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width)
 
 
@@ -592,16 +634,19 @@ def backward_item(w, inputs, scores, dropout, saved, grads):
             doh = saved.dout[b, h]
             dqh = grads.dq_parts[split, b, h]
             dsh = grads.dscores[b if store_ds else 0, h if store_ds else 0]
+            o1 = min(o0 + CHUNK, n_own)
             for i0 in range(0, n_rows, BQ):
                 rows = min(BQ, n_rows - i0)
-                last = key_end(scores, i0 + rows - 1)   # no row of the block sees a key
-                if (split + o0 * n_splits) * BK >= last:  # at or past it
+                start = key_start(scores, i0)           # no row of the block sees a key
+                last = key_end(scores, i0 + rows - 1)   # before start or at or past last
+                if ((split + o0 * n_splits) * BK >= last
+                        or (split + (o1 - 1) * n_splits) * BK + BK <= start):
                     continue
                 pack_query_block(qh, doh, saved.out[b, h], lse[b, h], saved.norm[b, h], i0,
                                  rows, scores.scale, qb)
-                for o in range(o0, min(o0 + CHUNK, n_own)):
+                for o in range(o0, o1):
                     j0 = (split + o * n_splits) * BK
-                    if j0 >= last:
+                    if j0 >= last or j0 + BK <= start:
                         continue
                     backward_pair(qb, KeyBlock(kt[o], vt[o], kp[o]), i0, rows, j0,
                                   min(BK, n_keys_all - j0), n_keys_all, dqh, dkt[o], dvt[o],

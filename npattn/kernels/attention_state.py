@@ -1,14 +1,14 @@
 """The attention engine's arguments, grouped into records, and the one rule of which keys a
-query row may see.
+query row may see (key_start <= j < key_end).
 
 Each record is a ``namedtuple``: Numba compiles it as a typed tuple whose fields the kernels
 read by name (``scores.offset``), and ``_jit`` keys a kernel's compiled code on the type of
 every field (``_jit._arg_key``), so a record whose arrays change dtype or layout gets code of
 its own. The functional layer (``functional/attention.py``) builds them once per call; the
 kernels pass them down unchanged, so a new score modifier is one field here, the code that
-reads it (:func:`key_end` for which keys are visible, ``mask_tile``/``mask_panel`` of
-``kernels/attention.py`` for what happens to a visible score) and the line of the functional
-layer that fills it in.
+reads it (:func:`key_start` / :func:`key_end` for which keys are visible, ``mask_tile`` /
+``mask_panel`` of ``kernels/attention.py`` for what happens to a visible score) and the line
+of the functional layer that fills it in.
 
 Dims as in ``kernels/attention.py``: B batch (broadcast, flattened), H query heads, Hkv
 key/value heads, L queries, S keys, E query/key width, Ev value width.
@@ -29,9 +29,12 @@ Inputs = namedtuple("Inputs", "q k v q_batch k_batch v_batch")
 #: dtype). mask_kind: NO_MASK, BOOL_MASK or FLOAT_MASK;
 #: bool_planes / float_planes (Nm, Lm, Sm), Lm in {1, L}, Sm in {1, S}: the mask's planes, read
 #: through their broadcast shape (the unused kind is one plane, never read); plane_of (B·H,)
-#: int64: the plane head b·H + h reads. causal (bool) and offset (int64): key j is visible to
-#: query i when j <= i + offset (0: top-left, S - L: bottom-right).
-Scores = namedtuple("Scores", "scale mask_kind bool_planes float_planes plane_of causal offset")
+#: int64: the plane head b·H + h reads. offset (int64): query i's diagonal is key i + offset
+#: (0: top-left, S - L: bottom-right); causal (bool): keys past the diagonal are hidden;
+#: window_left, window_right (int64, UNBOUNDED for no bound): only keys
+#: i + offset - window_left <= j <= i + offset + window_right take part. (key_start, key_end)
+Scores = namedtuple("Scores", "scale mask_kind bool_planes float_planes plane_of causal offset "
+                              "window_left window_right")
 
 #: Dropout of the weights: weight (b, h, i, j) is kept when
 #: ``random.keep(stream, ((b·H + h)·L + i)·S + j, threshold)``, and a kept one is multiplied by
@@ -53,16 +56,29 @@ Saved = namedtuple("Saved", "dout out lse norm")
 #: dscores (B, H, L, S) -- the gradient of the masked scores -- when store_ds.
 Gradients = namedtuple("Gradients", "dq_parts dk dv dscores store_ds")
 
-#: key_end's value for a row that no rule bounds: past any key index
+#: A window side that no rule bounds: wider than any key index (key_start / key_end then lie
+#: far outside 0 .. S; i + offset ± UNBOUNDED cannot overflow int64 for any array)
 UNBOUNDED = 1 << 62
 
 
 @kernel
+def key_start(scores, i):
+    """Keys j < key_start(scores, i) are hidden from query row i: i + offset - window_left
+    (may be < 0: from key 0). Non-decreasing in i, so a block's first row has its smallest."""
+    return i + scores.offset - scores.window_left
+
+
+@kernel
 def key_end(scores, i):
-    """Keys j < key_end(scores, i) may take part in query row i's softmax (a mask may still
-    hide some of them); the kernels skip every block and tile at or past it. Causal: i +
-    offset + 1 (may be <= 0: no key), else UNBOUNDED."""
-    return i + scores.offset + 1 if scores.causal else UNBOUNDED
+    """Keys j >= key_end(scores, i) are hidden from query row i: i + offset + window_right +
+    1, and at most i + offset + 1 under causal (may be <= 0: no key). Non-decreasing in i, so
+    a block's last row has its largest. Between key_start and key_end a mask may still hide
+    keys; outside them the kernels skip every block and tile."""
+    diagonal = i + scores.offset
+    end = diagonal + scores.window_right + 1
+    if scores.causal:
+        end = min(end, diagonal + 1)
+    return end
 
 
 @kernel

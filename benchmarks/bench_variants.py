@@ -1,0 +1,105 @@
+"""attention-variants: the fused engine's score modifiers against the dense masks they replace.
+
+q, k, v are (B, H, L, D) = (4, 8, L, 64), float32, self-attention (S = L). So far one variant:
+
+- **sliding window** ``window=(W - 1, 0)``: query i sees keys i - W + 1 .. i, W keys (Mistral's
+  window of W tokens). npattn skips every block of keys outside all rows' windows, so its time
+  grows with L·W, not L²/2.
+
+Implementations (every one computes the same window; their results are checked against
+npattn's before timing):
+
+- npattn: ``scaled_dot_product_attention(..., window=(W - 1, 0))``; forward+backward is
+  ``_forward`` then ``_backward``;
+- PyTorch: ``torch.nn.functional.scaled_dot_product_attention`` given the equivalent dense
+  (L, S) bool mask -- the only way PyTorch's SDPA expresses a window -- backward by autograd;
+- NumPy: the textbook of ``bench_attention.py`` with the window written into the (B, H, L, S)
+  scores as -inf (its memory is the full square; skipped past ``NUMPY_LIMIT``).
+
+Baseline (timed in the same rounds, not an implementation of the same thing): npattn's own
+full causal attention at the same shapes, the cost a window avoids.
+
+FLOPs (nominal): forward 4·B·H·L·W'·D with W' the mean number of keys a row sees; forward +
+backward 3.5× that.
+"""
+import numpy as np
+
+import npattn
+
+from .bench_attention import B, D, H, _numpy_or_skip, numpy_backward
+from .cases import Bench, case, impls, randn, shape, torch_forward, torch_forward_backward
+
+WINDOWS = [(4096, 256)]
+WINDOWS_QUICK = [(512, 64)]
+NOTE = ("window GFLOP/s are nominal: forward 4·B·H·L·W'·D (W' the mean number of keys a row "
+        "sees), forward+backward 3.5× that")
+
+
+def window_mask(length, width):
+    """(L, L) bool, True where query i sees key j: i - width < j <= i."""
+    return npattn.reference.window_mask(length, length, (width - 1, 0))
+
+
+def numpy_forward(q, k, v, visible):
+    """(output, P) as bench_attention.numpy_forward, with -inf where ``visible`` is False."""
+    scale = q.dtype.type(1 / np.sqrt(q.shape[-1]))
+    p = (q * scale) @ np.swapaxes(k, -1, -2)                      # scores (B, H, L, S)
+    np.copyto(p, -np.inf, where=~visible)
+    p -= p.max(axis=-1, keepdims=True)
+    np.exp(p, out=p)
+    p /= p.sum(axis=-1, keepdims=True)
+    return p @ v, p
+
+
+def _setup(torch, length, width):
+    q, k, v = (randn(B, H, length, D) for _ in range(3))
+    visible = window_mask(length, width)
+    flops = 4 * B * H * D * float(visible.sum())                  # Σ_i (keys row i sees)
+    window = (width - 1, 0)
+    tmask = torch and torch.from_numpy(visible)
+    sdpa = torch and (lambda q_, k_, v_: torch.nn.functional.scaled_dot_product_attention(
+        q_, k_, v_, attn_mask=tmask))
+    return q, k, v, visible, flops, window, sdpa
+
+
+def _bench(kind, length, width, flops, impls_, skipped, baseline):
+    return Bench(f"attention {kind} window {width} {shape((B, H, length, D))}", flops=flops,
+                 impls=impls_, notes=[NOTE], skipped=skipped, baseline=baseline,
+                 rss_warmup=None)
+
+
+@case("attention-variants", sizes=WINDOWS, quick=WINDOWS_QUICK)
+def window_forward(torch, length, width):
+    q, k, v, visible, flops, window, sdpa = _setup(torch, length, width)
+    numpy, skipped = _numpy_or_skip(length, False, lambda: numpy_forward(q, k, v, visible)[0])
+    return _bench("fwd", length, width, flops,
+                  impls(npattn=lambda: npattn.scaled_dot_product_attention(q, k, v,
+                                                                           window=window),
+                        numpy=numpy, torch=torch_forward(torch, sdpa, q, k, v)),
+                  skipped, ("npattn full causal attention, the same shapes",
+                            lambda: npattn.scaled_dot_product_attention(q, k, v,
+                                                                        is_causal=True)))
+
+
+@case("attention-variants", sizes=WINDOWS, quick=WINDOWS_QUICK)
+def window_forward_backward(torch, length, width):
+    q, k, v, visible, flops, window, sdpa = _setup(torch, length, width)
+    dout = randn(B, H, length, D)
+
+    def ours(**kw):
+        def run():
+            out, lse = npattn.scaled_dot_product_attention_forward(q, k, v, **kw)
+            return out, npattn.scaled_dot_product_attention_backward(dout, q, k, v, out, lse,
+                                                                     **kw)
+        return run
+
+    def numpy():
+        out, p = numpy_forward(q, k, v, visible)
+        return out, numpy_backward(dout, q, k, v, out, p)
+
+    numpy, skipped = _numpy_or_skip(length, True, numpy)
+    return _bench("fwd+bwd", length, width, 3.5 * flops,
+                  impls(npattn=ours(window=window), numpy=numpy,
+                        torch=torch_forward_backward(torch, sdpa, dout, q, k, v)),
+                  skipped, ("npattn full causal attention fwd+bwd, the same shapes",
+                            ours(is_causal=True)))
