@@ -1,23 +1,27 @@
 """attention-variants: the fused engine's score modifiers against the dense masks they replace.
 
-q, k, v are (B, H, L, D) = (4, 8, L, 64), float32, self-attention (S = L). So far one variant:
+q, k, v are (B, H, L, D) = (4, 8, L, 64), float32, self-attention (S = L). The variants:
 
 - **sliding window** ``window=(W - 1, 0)``: query i sees keys i - W + 1 .. i, W keys (Mistral's
   window of W tokens). npattn skips every block of keys outside all rows' windows, so its time
-  grows with L·W, not L²/2.
+  grows with L·W, not L²/2. Baseline: npattn's full causal attention, the cost a window avoids.
+- **ALiBi**, causal, ``alibi_slopes`` = 2^-(h + 1) for head h (the paper's slopes for 8 heads,
+  halved): npattn adds the bias as it forms each block of scores. Baseline: npattn's causal
+  attention without ALiBi, the bias's own cost.
 
-Implementations (every one computes the same window; their results are checked against
+Implementations (every one computes the same thing; their results are checked against
 npattn's before timing):
 
-- npattn: ``scaled_dot_product_attention(..., window=(W - 1, 0))``; forward+backward is
-  ``_forward`` then ``_backward``;
+- npattn: ``scaled_dot_product_attention(..., window=...)`` or ``(..., alibi_slopes=...)``;
+  forward+backward is ``_forward`` then ``_backward``;
 - PyTorch: ``torch.nn.functional.scaled_dot_product_attention`` given the equivalent dense
-  (L, S) bool mask -- the only way PyTorch's SDPA expresses a window -- backward by autograd;
-- NumPy: the textbook of ``bench_attention.py`` with the window written into the (B, H, L, S)
-  scores as -inf (its memory is the full square; skipped past ``NUMPY_LIMIT``).
+  mask -- (L, S) bool for the window, (H, L, S) float for ALiBi, the only ways PyTorch's SDPA
+  expresses them -- backward by autograd;
+- NumPy: the textbook of ``bench_attention.py`` with the same dense mask applied to the
+  (B, H, L, S) scores (its memory is the full square; skipped past ``NUMPY_LIMIT``).
 
-Baseline (timed in the same rounds, not an implementation of the same thing): npattn's own
-full causal attention at the same shapes, the cost a window avoids.
+Baselines are timed in the same rounds (benchmarks/cases.py, Bench.baseline), not checked
+against the others: they compute something else.
 
 FLOPs (nominal): forward 4·B·H·L·W'·D with W' the mean number of keys a row sees; forward +
 backward 3.5× that.
@@ -31,6 +35,8 @@ from .cases import Bench, case, impls, randn, shape, torch_forward, torch_forwar
 
 WINDOWS = [(4096, 256)]
 WINDOWS_QUICK = [(512, 64)]
+ALIBI = [(1024,)]
+ALIBI_QUICK = [(256,)]
 NOTE = ("window GFLOP/s are nominal: forward 4·B·H·L·W'·D (W' the mean number of keys a row "
         "sees), forward+backward 3.5× that")
 
@@ -40,11 +46,15 @@ def window_mask(length, width):
     return npattn.reference.window_mask(length, length, (width - 1, 0))
 
 
-def numpy_forward(q, k, v, visible):
-    """(output, P) as bench_attention.numpy_forward, with -inf where ``visible`` is False."""
+def numpy_forward(q, k, v, mask):
+    """(output, P) as bench_attention.numpy_forward, with a dense mask: bool (-inf where
+    False) or float (added)."""
     scale = q.dtype.type(1 / np.sqrt(q.shape[-1]))
     p = (q * scale) @ np.swapaxes(k, -1, -2)                      # scores (B, H, L, S)
-    np.copyto(p, -np.inf, where=~visible)
+    if mask.dtype == bool:
+        np.copyto(p, -np.inf, where=~mask)
+    else:
+        p += mask
     p -= p.max(axis=-1, keepdims=True)
     np.exp(p, out=p)
     p /= p.sum(axis=-1, keepdims=True)
@@ -103,3 +113,62 @@ def window_forward_backward(torch, length, width):
                         torch=torch_forward_backward(torch, sdpa, dout, q, k, v)),
                   skipped, ("npattn full causal attention fwd+bwd, the same shapes",
                             ours(is_causal=True)))
+
+
+def _alibi_setup(torch, length):
+    q, k, v = (randn(B, H, length, D) for _ in range(3))
+    slopes = (2.0 ** -np.arange(2, H + 2)).astype(np.float32)       # (H,)
+    causal = npattn.reference.causal_mask(length, length)
+    mask = np.where(causal, npattn.reference.alibi_bias(length, length, slopes),
+                    -np.inf).astype(np.float32)                       # (H, L, S)
+    flops = 4 * B * H * D * float(causal.sum())
+    tmask = torch and torch.from_numpy(mask)
+    sdpa = torch and (lambda q_, k_, v_: torch.nn.functional.scaled_dot_product_attention(
+        q_, k_, v_, attn_mask=tmask))
+    return q, k, v, slopes, mask, flops, sdpa
+
+
+def _alibi_bench(kind, length, flops, impls_, skipped, baseline):
+    return Bench(f"attention {kind} causal ALiBi {shape((B, H, length, D))}", flops=flops,
+                 impls=impls_, notes=[NOTE_ALIBI], skipped=skipped, baseline=baseline)
+
+
+NOTE_ALIBI = ("ALiBi GFLOP/s are nominal: forward 4·B·H·L·S·D / 2 (causal), forward+backward "
+              "3.5× that")
+
+
+@case("attention-variants", sizes=ALIBI, quick=ALIBI_QUICK)
+def alibi_forward(torch, length):
+    q, k, v, slopes, mask, flops, sdpa = _alibi_setup(torch, length)
+    numpy, skipped = _numpy_or_skip(length, False, lambda: numpy_forward(q, k, v, mask)[0])
+    return _alibi_bench("fwd", length, flops,
+                        impls(npattn=lambda: npattn.scaled_dot_product_attention(
+                                  q, k, v, is_causal=True, alibi_slopes=slopes),
+                              numpy=numpy, torch=torch_forward(torch, sdpa, q, k, v)),
+                        skipped, ("npattn causal attention without ALiBi, the same shapes",
+                                  lambda: npattn.scaled_dot_product_attention(
+                                      q, k, v, is_causal=True)))
+
+
+@case("attention-variants", sizes=ALIBI, quick=ALIBI_QUICK)
+def alibi_forward_backward(torch, length):
+    q, k, v, slopes, mask, flops, sdpa = _alibi_setup(torch, length)
+    dout = randn(B, H, length, D)
+
+    def ours(**kw):
+        def run():
+            out, lse = npattn.scaled_dot_product_attention_forward(q, k, v, is_causal=True, **kw)
+            return out, npattn.scaled_dot_product_attention_backward(
+                dout, q, k, v, out, lse, is_causal=True, **kw)
+        return run
+
+    def numpy():
+        out, p = numpy_forward(q, k, v, mask)
+        return out, numpy_backward(dout, q, k, v, out, p)
+
+    numpy, skipped = _numpy_or_skip(length, True, numpy)
+    return _alibi_bench("fwd+bwd", length, 3.5 * flops,
+                        impls(npattn=ours(alibi_slopes=slopes), numpy=numpy,
+                              torch=torch_forward_backward(torch, sdpa, dout, q, k, v)),
+                        skipped, ("npattn causal attention fwd+bwd without ALiBi, the same "
+                                  "shapes", ours()))

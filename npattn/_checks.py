@@ -305,22 +305,24 @@ def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names):
 #: C-contiguous arrays of one float dtype; mask None, or a C-contiguous bool or query-dtype
 #: array; batch the broadcast batch dims (a tuple); heads H; dropout_p a float; is_causal a
 #: bool; scale a float (1/√E by default); seed an int; bottom_right: the causal alignment is
-#: "bottom-right" (the diagonal of is_causal and of window); window (left, right), each an
-#: int >= 0 or None; out_ndim the rank of the output.
+#: "bottom-right" (the diagonal of is_causal, window and ALiBi); window (left, right), each
+#: an int >= 0 or None; alibi_slopes None or a C-contiguous query-dtype array that broadcasts
+#: to (batch..., H); out_ndim the rank of the output.
 AttentionArgs = collections.namedtuple(
     "AttentionArgs", "query key value mask batch heads dropout_p is_causal scale seed "
-                     "bottom_right window out_ndim")
+                     "bottom_right window alibi_slopes out_ndim")
 
 
 def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, seed,
-                   causal_alignment, mask_name, window=None):
+                   causal_alignment, mask_name, window=None, alibi_slopes=None):
     """Everything scaled_dot_product_attention takes, checked; returns an AttentionArgs.
 
     query (..., H, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -- or 2-D (L, E) etc.
     without a head dim -- of one float dtype; leading batch dims broadcast; H = Hkv, or a
     multiple of it with enable_gqa (or Hkv = 1, which broadcasts). The mask (bool, or float of
     the query dtype) must broadcast to (batch..., H, L, S) without enlarging it. window: see
-    window_value.
+    window_value. alibi_slopes (ALiBi: one slope per head, (H,) or (batch..., H)): an array of
+    the query dtype that broadcasts to (batch..., H).
     """
     query = float_array("query", query)
     key = float_array("key", key)
@@ -378,13 +380,27 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}; got "
                          f"{causal_alignment!r}")
     window = window_value("window", window)
+    if alibi_slopes is not None:
+        alibi_slopes = converted("alibi_slopes", alibi_slopes, f"a {query.dtype} array")
+        if alibi_slopes.dtype != query.dtype:
+            raise TypeError(f"alibi_slopes must have dtype {query.dtype}, as query; got "
+                            f"{alibi_slopes.dtype}")
+        try:
+            fits = np.broadcast_shapes(alibi_slopes.shape, batch + (heads,)) == batch + (heads,)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or broadcast to "
+                             f"(batch..., H) = {batch + (heads,)}; got {alibi_slopes.shape}")
+        alibi_slopes = contiguous(alibi_slopes)
     query, key, value = contiguous(query, key, value)
     return AttentionArgs(
         query=query, key=key, value=value, mask=mask, batch=batch, heads=heads,
         dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
         scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
         seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
-        window=window, out_ndim=max(query.ndim, key.ndim, value.ndim))
+        window=window, alibi_slopes=alibi_slopes,
+        out_ndim=max(query.ndim, key.ndim, value.ndim))
 
 
 def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_causal, scale,

@@ -181,7 +181,7 @@ def window_mask(L, S, window, alignment="top-left"):
     i + S - L ("bottom-right"), as causal_mask. ``None`` on a side: no bound there.
     Shapes: -> (L, S) bool
     """
-    left, right = window
+    left, right = (None if n is None else min(n, L + S) for n in window)   # (wider: the same)
     d = np.arange(L)[:, None] + (0 if alignment == "top-left" else S - L)   # (L, 1)
     j = np.arange(S)[None, :]                                             # (1, S)
     visible = np.ones((L, S), bool)
@@ -190,6 +190,31 @@ def window_mask(L, S, window, alignment="top-left"):
     if right is not None:
         visible &= j <= d + right
     return visible
+
+
+def alibi_bias(L, S, slopes, alignment="top-left"):
+    """ALiBi's bias: -slope·|d - j| for query i and key j, d = i's diagonal (i, or i + S - L
+    for "bottom-right"), one slope per head.
+    Shapes: slopes (..., H) -> (..., H, L, S)
+    """
+    d = np.arange(L)[:, None] + (0 if alignment == "top-left" else S - L)   # (L, 1)
+    distance = np.abs(d - np.arange(S)[None, :])                          # (L, S)
+    return -np.asarray(slopes, dtype=np.float64)[..., None, None] * distance
+
+
+def _with_alibi(mask, slopes, query, S, alignment):
+    """mask (None, bool or float) with ALiBi's bias added: a float mask (-inf where a bool
+    mask is False), or mask itself when slopes is None."""
+    if slopes is None:
+        return mask
+    bias = alibi_bias(query.shape[-2], S, slopes, alignment)      # (..., H, L, S)
+    if query.ndim < 3:                                            # no head dim: one slope
+        bias = bias.reshape(bias.shape[-2:])
+    if mask is None:
+        return bias
+    if mask.dtype == bool:
+        return np.where(mask, bias, -np.inf)
+    return mask + bias
 
 
 def _sdpa_mask(attn_mask, is_causal, L, S, alignment, window=None):
@@ -239,13 +264,14 @@ def _logsumexp(scores):
 def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep=None,
                                          dropout_p=0.0, is_causal=False, scale=None,
                                          enable_gqa=False, causal_alignment="top-left",
-                                         window=None):
+                                         window=None, alibi_slopes=None):
     """torch.nn.functional.scaled_dot_product_attention, plus the logsumexp of each score row.
 
     output = dropout(softmax(q·kᵀ·scale + mask)) · v,  logsumexp_i = log Σ_j exp(scores_ij).
     ``scale`` defaults to 1/√E; ``attn_mask`` is bool (True takes part) or float (added);
     ``is_causal`` adds :func:`causal_mask` on top of it and ``window`` :func:`window_mask`
-    (both hide keys: -inf); ``enable_gqa`` repeats each kv head
+    (both hide keys: -inf), ``alibi_slopes`` :func:`alibi_bias`; ``enable_gqa`` repeats each
+    kv head
     for H // Hkv query heads; ``keep`` is the dropout keep-mask or None. Batch dims broadcast.
     A fully masked row gives a zero output row and logsumexp -inf.
     Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev),
@@ -256,6 +282,7 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep
     key, value, _ = _repeat_kv(query, key, value, enable_gqa)   # (..., H, S, E), (..., H, S, Ev)
     mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
                       window)
+    mask = _with_alibi(mask, alibi_slopes, query, key.shape[-2], causal_alignment)
     output, _ = attention_forward(query, key, value, mask, keep, dropout_p, scale)
     logsumexp = _logsumexp(_masked_scores(query, key, mask, scale))  # (..., H, L)
     return output, np.broadcast_to(logsumexp, output.shape[:-1]).copy()  # value's batch dims too
@@ -264,7 +291,7 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep
 def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=None, keep=None,
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, causal_alignment="top-left",
-                                          window=None):
+                                          window=None, alibi_slopes=None):
     """Gradients of query, key, value and a float attn_mask: attention_backward, put back.
 
     Each kv head served H // Hkv query heads, so its gradient is the sum over its group; every
@@ -277,6 +304,7 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     key_h, value_h, group = _repeat_kv(query, key, value, enable_gqa)
     mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
                       window)
+    mask = _with_alibi(mask, alibi_slopes, query, key.shape[-2], causal_alignment)
     dquery, dkey, dvalue, dmask = attention_backward(dout, query, key_h, value_h, mask, keep,
                                                      dropout_p, scale)
     if group > 1:                                        # (batch..., Hkv·group, S, ·) -> Hkv
@@ -286,8 +314,10 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     dquery = _sum_to_shape(dquery, query.shape)
     dkey = _sum_to_shape(dkey, key.shape)
     dvalue = _sum_to_shape(dvalue, value.shape)
-    if dmask is not None:
+    if dmask is not None and attn_mask is not None and attn_mask.dtype != bool:
         dmask = _sum_to_shape(dmask, attn_mask.shape)
+    else:
+        dmask = None                                     # (a bool mask or ALiBi's bias alone)
     return dquery, dkey, dvalue, dmask
 
 

@@ -230,7 +230,7 @@ def attention_problem(case, sdpa):
     if len(q_shape) == 2 and heads_kind == "gqa":
         q_shape = (heads, length, width)
     case.group = ["query", "key", "value", "attn_mask" if sdpa else "mask", "dout", "output",
-                  "logsumexp"]
+                  "logsumexp", "alibi_slopes"]
     q = case.add("query", case.array(q_shape, dt, name="query"))
     k = case.add("key", case.array(k_shape, dt, name="key"))
     v = case.add("value", case.array(v_shape, dt, name="value"))
@@ -291,6 +291,11 @@ def attention_problem(case, sdpa):
               ("(None, None)", (None, None), False), ("[0, 0]", [0, 0], False),
               ("(np.int64(2), None)", (np.int64(2), None), False),
               ("(10**30, 0)", (10**30, 0), False)], keyword=True)
+    if case.draw(st.booleans(), "alibi"):
+        slopes = case.values((heads,), dt)
+        case.add("alibi_slopes", slopes, float_options(
+            case, slopes, anchored=DTYPE, optional=True,
+            bad_shapes=[(heads + 1,), (2, heads + 1)]), keyword=True)
     if sdpa:
         case.add("enable_gqa", heads_kind == "gqa" or case.draw(st.booleans(), "enable_gqa"),
                  flag_options(), keyword=True)
@@ -347,10 +352,15 @@ def attention_reference(a, mask_name):
         else float(a["scale"])                           # E = 0: npattn's scale is 1
     out, lse = reference.scaled_dot_product_attention_forward(
         q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa, a["causal_alignment"],
-        window(a))
+        window(a), alibi(a))
     out_ndim = max(q.ndim, k.ndim, v.ndim)
     shape = (batch + (heads, length, v.shape[-1]))[-out_ndim:]
     return out.reshape(shape), lse.reshape(shape[:-1]), keep, mask, q, k, v, p, gqa, scale
+
+
+def alibi(a):
+    """The ALiBi slopes as the reference takes them: None or a float64 array."""
+    return None if a.get("alibi_slopes") is None else f64(a["alibi_slopes"])
 
 
 def window(a):
@@ -374,7 +384,7 @@ def gen_sdpa(case, fn, mode):
             valid["query"], valid["key"], valid["value"], valid["attn_mask"],
             valid["dropout_p"], valid["is_causal"], valid["scale"], valid["enable_gqa"],
             seed=valid["seed"], causal_alignment=valid["causal_alignment"],
-            window=valid["window"])
+            window=valid["window"], alibi_slopes=valid.get("alibi_slopes"))
         dout = case.values(out.shape, out.dtype)
         case.add("dout", dout, float_options(case, dout, anchored=DTYPE,
                                              bad_shapes=[out.shape[:-1] + (out.shape[-1] + 1,)]),
@@ -412,7 +422,7 @@ def gen_sdpa(case, fn, mode):
         if case.finite:
             want = reference.scaled_dot_product_attention_backward(
                 f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa,
-                a["causal_alignment"], window(a))
+                a["causal_alignment"], window(a), alibi(a))
             big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
             for g, ref, what in zip(grads, want, ("dquery", "dkey", "dvalue", "dmask")):
                 close(g, ref, dt, big, what)
@@ -455,7 +465,7 @@ def gen_attention(case, fn, backward):
         if case.finite:
             want = reference.scaled_dot_product_attention_backward(
                 f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, False,
-                a["causal_alignment"], window(a))
+                a["causal_alignment"], window(a), alibi(a))
             big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
             for g, ref, what in zip(grads, want, ("dquery", "dkey", "dvalue", "dmask")):
                 close(g, ref, dt, big, what)

@@ -62,6 +62,7 @@ class Case:
     scale: object = None
     enable_gqa: bool = False
     window: object = None
+    alibi_slopes: object = None
 
     def __repr__(self):                     # shapes and options, not pages of numbers
         def describe(a):
@@ -73,7 +74,8 @@ class Case:
                            for n in ("query", "key", "value", "attn_mask"))
         return (f"Case({arrays}, dropout_p={self.dropout_p!r}, seed={self.seed!r}, "
                 f"is_causal={self.is_causal}, causal_alignment={self.causal_alignment!r}, "
-                f"scale={self.scale!r}, enable_gqa={self.enable_gqa}, window={self.window!r})")
+                f"scale={self.scale!r}, enable_gqa={self.enable_gqa}, window={self.window!r}, "
+                f"alibi_slopes={self.alibi_slopes!r})")
 
     def _repr_pretty_(self, printer, cycle):   # Hypothesis prints this
         printer.text(repr(self))
@@ -112,12 +114,14 @@ class Case:
     def kwargs(self):
         return dict(attn_mask=self.attn_mask, dropout_p=self.dropout_p, is_causal=self.is_causal,
                     scale=self.scale, enable_gqa=self.enable_gqa, seed=self.seed,
-                    causal_alignment=self.causal_alignment, window=self.window)
+                    causal_alignment=self.causal_alignment, window=self.window,
+                    alibi_slopes=self.alibi_slopes)
 
     def attention_kwargs(self):
         """attention()'s keywords (the mask and dropout_p go positionally; no enable_gqa)."""
         return dict(scale=self.scale, is_causal=self.is_causal, seed=self.seed,
-                    causal_alignment=self.causal_alignment, window=self.window)
+                    causal_alignment=self.causal_alignment, window=self.window,
+                    alibi_slopes=self.alibi_slopes)
 
     def keep(self):
         """The contract's keep-mask: dropout_mask((B, H, L, S), p, seed) in the weights' shape."""
@@ -136,7 +140,19 @@ class Case:
     def reference_kwargs(self):
         return dict(attn_mask=self.mask64(), keep=self.keep(), dropout_p=self.dropout_p,
                     is_causal=self.is_causal, scale=self.scale, enable_gqa=self.enable_gqa,
-                    causal_alignment=self.causal_alignment, window=self.window)
+                    causal_alignment=self.causal_alignment, window=self.window,
+                    alibi_slopes=self.slopes64())
+
+    def slopes64(self):
+        return None if self.alibi_slopes is None else f64(self.alibi_slopes)[0]
+
+    def bias(self):
+        """ALiBi's float64 bias, broadcastable to weights_shape, or None."""
+        if self.alibi_slopes is None:
+            return None
+        L, S = self.query.shape[-2], self.key.shape[-2]
+        bias = reference.alibi_bias(L, S, self.slopes64(), self.causal_alignment)
+        return bias if self.heads else bias.reshape(L, S)
 
     def visible(self):
         """(L, S) bool: the keys is_causal and window leave each query, or None for all."""
@@ -151,13 +167,16 @@ class Case:
         return visible
 
     def mask_with_visible(self):
-        """mask64() with the keys visible() hides masked too: one explicit mask."""
-        mask, visible = self.mask64(), self.visible()
-        if visible is None:
-            return mask
-        if mask is None:
-            return visible
-        return mask & visible if mask.dtype == bool else mask + np.where(visible, 0.0, -np.inf)
+        """mask64() with the keys visible() hides masked too and ALiBi's bias added: one
+        explicit mask (float when there is a bias)."""
+        mask, visible, bias = self.mask64(), self.visible(), self.bias()
+        if visible is not None:
+            mask = visible if mask is None else (
+                mask & visible if mask.dtype == bool else mask + np.where(visible, 0.0, -np.inf))
+        if bias is not None:
+            mask = bias if mask is None else (
+                np.where(mask, bias, -np.inf) if mask.dtype == bool else mask + bias)
+        return mask
 
     def reference_forward(self):
         q, k, v = f64(self.query, self.key, self.value)
@@ -211,6 +230,8 @@ def bounds(case, amplify=True):
     mask = case.mask64()
     if mask is not None and mask.dtype != bool:
         terms = terms + np.where(np.isinf(mask), 0.0, np.abs(mask))
+    if case.bias() is not None:
+        terms = terms + np.abs(case.bias())
     terms = np.broadcast_to(terms, case.weights_shape)
     top = terms.max(axis=-1, keepdims=True, initial=0.0)  # (..., L, 1)
     # a score's error (E products: E·eps·top) moves its row's weights by that relative
@@ -332,7 +353,7 @@ def window_sides(L, S):
 
 @st.composite
 def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", "wide"),
-               windows=True):
+               windows=True, alibi=True):
     """One call of scaled_dot_product_attention: every argument, any layout, and a dout."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     dtype = draw(dtypes)
@@ -395,6 +416,11 @@ def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", 
     case.causal_alignment = draw(st.sampled_from(ALIGNMENTS))   # ignored unless causal/window
     if windows and draw(st.integers(0, 2)) == 0:
         case.window = draw(window_sides(L, S))
+    if alibi and case.heads and draw(st.integers(0, 2)) == 0:
+        heads = case.query.shape[-3]
+        shape = draw(st.sampled_from([(heads,), case.batch + (heads,), (1,)]))
+        case.alibi_slopes = lay_out(rng.uniform(0.0, draw(st.sampled_from([0.05, 1.0, 8.0])),
+                                                shape).astype(dtype), draw(layouts), rng)
     factor = draw(st.none() | st.floats(-2.0, 2.0))
     case.scale = None if factor is None else factor / math.sqrt(E)
     return case
@@ -505,10 +531,10 @@ def test_matches_torch(torch, case):
     """
     q, k, v, dout = f64(case.query, case.key, case.value, case.dout)
     mask = case.mask64()
-    explicit = case.window is not None or case.is_causal and (
+    explicit = case.window is not None or case.alibi_slopes is not None or case.is_causal and (
         mask is not None or case.causal_alignment == "bottom-right"
         or (case.scale is not None and case.scale <= 0))
-    if explicit:                        # a window is always a dense mask for PyTorch
+    if explicit:                        # a window or ALiBi is always a dense mask for PyTorch
         mask = case.mask_with_visible()
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
     tmask = None if mask is None else torch.tensor(mask, requires_grad=mask.dtype != bool)
@@ -522,7 +548,7 @@ def test_matches_torch(torch, case):
     tout.backward(torch.tensor(dout))
 
     b = bounds(case)
-    float_mask = tmask is not None and tmask.requires_grad
+    float_mask = case.attn_mask is not None and case.attn_mask.dtype != bool  # (not ALiBi's)
     out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
                                                     **case.kwargs())
     check("output", out, tout.detach().numpy(), case, b)
@@ -651,6 +677,34 @@ def test_a_window_is_the_mask_it_describes_bit_for_bit(dtype):
             assert not np.array_equal(band[0], full[0])
             same(band, run(causal_alignment=align,
                            attn_mask=reference.window_mask(L, S, window, align)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alibi_is_the_float_mask_of_its_bias_bit_for_bit(dtype):
+    """ALiBi computed in the kernel gives the bits of the (L, S) float mask it replaces:
+    slope·|d - j| is one rounding in the dtype either way. Zero slopes are no ALiBi; with a
+    window and both alignments, over several key blocks, forward and backward."""
+    rng = np.random.default_rng(17)
+    L, S, H = 300, 400, 4
+    q, k, v, dout = (make_values(rng, s, dtype) for s in
+                     ((2, H, L, 24), (2, 2, S, 24), (2, 2, S, 8), (2, H, L, 8)))
+    slopes = (2.0 ** -np.arange(1, H + 1)).astype(dtype)          # the paper's 1/2, 1/4, ...
+
+    def run(**kw):
+        out, lse = scaled_dot_product_attention_forward(q, k, v, enable_gqa=True, **kw)
+        return (out, lse, *scaled_dot_product_attention_backward(dout, q, k, v, out, lse,
+                                                                 enable_gqa=True, **kw))
+
+    for align in ALIGNMENTS:
+        for window in (None, (50, 7)):
+            kw = dict(causal_alignment=align, window=window)
+            bias = reference.alibi_bias(L, S, slopes, align).astype(dtype)     # (H, L, S)
+            got = run(alibi_slopes=slopes, **kw)
+            for x, y in zip(got, run(attn_mask=bias, **kw)):
+                assert_identical(x, y)
+            assert not np.array_equal(got[0], run(**kw)[0])
+            for x, y in zip(run(alibi_slopes=np.zeros((2, H), dtype), **kw), run(**kw)):
+                assert_identical(x, y)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -901,6 +955,14 @@ BAD_INPUT = [                               # call, error, a word the message mu
     (lambda: sdpa_backward(window=(0, -1)), ValueError, "window's right side"),
     (lambda: attention(Q, Q, Q, window=(None, -2)), ValueError, "window's right side"),
     (lambda: attention_backward(DOUT, Q, Q, Q, window="10"), TypeError, "window"),
+    (lambda: sdpa(alibi_slopes=np.ones(3)), ValueError, r"alibi_slopes.*\(4,\).*\(3,\)"),
+    (lambda: sdpa(alibi_slopes=np.ones((3, 4))), ValueError, "alibi_slopes"),   # batch 2
+    (lambda: sdpa(alibi_slopes=np.ones((4, 1))), ValueError, "alibi_slopes"),
+    (lambda: sdpa(alibi_slopes=np.ones(4, np.float32)), TypeError, "alibi_slopes.*float32"),
+    (lambda: sdpa(alibi_slopes=np.ones(4, np.int64)), TypeError, "alibi_slopes"),
+    (lambda: sdpa(alibi_slopes="slopes"), TypeError, "alibi_slopes"),
+    (lambda: sdpa_backward(alibi_slopes=np.ones(5)), ValueError, "alibi_slopes"),
+    (lambda: attention(Q, Q, Q, alibi_slopes=np.ones((2, 2))), ValueError, "alibi_slopes"),
 ]
 
 

@@ -25,6 +25,10 @@ Rules, as PyTorch's ``scaled_dot_product_attention`` (2.5+):
   (i + S - L for "bottom-right"), with or without ``is_causal``; ``None`` on a side is
   unbounded. Blocks of keys outside every row's window are skipped, never computed, so time
   grows with L·(left + right), not L·S. A row the window leaves empty is a fully masked row;
+* ``alibi_slopes`` (ALiBi, Press et al.), shape (H,) or (batch..., H), the query dtype: adds
+  -slope_h·|d - j| to head h's scaled scores (d: query i's diagonal, as for the window),
+  computed in the kernel as each block of scores is formed -- no (L, S) bias is built. The
+  slopes get no gradient;
 * a row whose every key is masked gives zeros and zero gradients, not NaN; NaN propagates;
 * dropout zeroes weight (b, h, i, j) unless kept by ``dropout_mask((B, H, L, S), dropout_p,
   seed)`` (B: the broadcast batch dims flattened) and scales the kept ones by 1/(1-p). The
@@ -70,6 +74,7 @@ from ..kernels.tiles import engine
 
 NO_BOOL = np.ones((1, 1, 1), np.bool_)      # the unused mask argument: one plane, never read
 NO_FLOAT = {np.dtype(t): np.zeros((1, 1, 1), t) for t in (np.float32, np.float64)}
+NO_SLOPES = {np.dtype(t): np.zeros(1, t) for t in (np.float32, np.float64)}   # no ALiBi
 #: |logsumexp| beyond which its rounding -- up to 256 ulps at 512 -- would be a visible
 #: relative error in every probability backward rebuilds as exp(s - lse). Such rows get their
 #: normaliser Σ_j exp(s_j - lse) = l·exp(m - lse) from forward's row max m and row sum l (see
@@ -126,10 +131,15 @@ def _prepare(args):
     n_rows, n_keys = q4.shape[2], k4.shape[2]
     p = args.dropout_p
     left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in args.window)
+    slopes = NO_SLOPES[dtype]
+    if args.alibi_slopes is not None:                            # (B·H,)
+        slopes = np.ascontiguousarray(np.broadcast_to(args.alibi_slopes, batch + (heads,)))
+        slopes = slopes.reshape(-1)
     scores = Scores(scale=args.scale, mask_kind=kind, bool_planes=bool_planes,
                     float_planes=float_planes, plane_of=plane_of, causal=args.is_causal,
                     offset=n_keys - n_rows if args.bottom_right else 0,
-                    window_left=left, window_right=right)
+                    window_left=left, window_right=right,
+                    alibi=args.alibi_slopes is not None, slopes=slopes)
     dropout = Dropout(stream=stream_key(args.seed),
                       threshold=keep_threshold(p) if p > 0 else np.uint64(0),
                       scale=kept_scale(p, dtype))
@@ -263,7 +273,8 @@ def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
 
 def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, dropout_p=0.0,
                                          is_causal=False, scale=None, enable_gqa=False, *,
-                                         seed=None, causal_alignment="top-left", window=None):
+                                         seed=None, causal_alignment="top-left", window=None,
+                                         alibi_slopes=None):
     """``(output, logsumexp)``: attention's output and, per query row, log Σ_j exp(score_ij).
 
     Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) ->
@@ -273,7 +284,8 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
     it rebuilds any block of weights as exp(score - logsumexp). ``scale`` defaults to 1/√E.
     """
     args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                  enable_gqa, seed, causal_alignment, "attn_mask", window)
+                                  enable_gqa, seed, causal_alignment, "attn_mask", window,
+                                  alibi_slopes)
     run = _prepare(args)
     out, lse, _, _ = _run_forward(run, store_weights=False)
     return _shaped(out, run), _shaped(lse, run)
@@ -281,7 +293,7 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, seed=None,
-                                 causal_alignment="top-left", window=None):
+                                 causal_alignment="top-left", window=None, alibi_slopes=None):
     """softmax(query·keyᵀ·scale + mask) · value, as ``torch.nn.functional.
     scaled_dot_product_attention`` (see the module docstring for the rules).
 
@@ -290,14 +302,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     return scaled_dot_product_attention_forward(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed=seed,
-        causal_alignment=causal_alignment, window=window)[0]
+        causal_alignment=causal_alignment, window=window, alibi_slopes=alibi_slopes)[0]
 
 
 def scaled_dot_product_attention_backward(dout, query, key, value, output, logsumexp,
                                           attn_mask=None, dropout_p=0.0, is_causal=False,
                                           scale=None, enable_gqa=False, *, seed=None,
                                           causal_alignment="top-left", window=None,
-                                          mask_grad=False):
+                                          alibi_slopes=None, mask_grad=False):
     """Gradients ``(dquery, dkey, dvalue)``, and ``dmask`` last when ``mask_grad`` is True.
 
     Shapes: dout, output (..., H, L, Ev) · logsumexp (..., H, L) and forward's arguments ->
@@ -309,7 +321,8 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
     Each block of p is rebuilt from ``logsumexp``; forward's arguments must be passed again.
     """
     args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                  enable_gqa, seed, causal_alignment, "attn_mask", window)
+                                  enable_gqa, seed, causal_alignment, "attn_mask", window,
+                                  alibi_slopes)
     run = _prepare(args)
     dout, output, lse = _backward_args(dout, output, logsumexp, args, run, "attn_mask",
                                        mask_grad)
@@ -318,7 +331,8 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
 
 
 def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_causal=False,
-              seed=None, causal_alignment="top-left", window=None, return_logsumexp=False):
+              seed=None, causal_alignment="top-left", window=None, alibi_slopes=None,
+              return_logsumexp=False):
     """The article's ``attention``: ``(output, weights)`` with weights = dropout(softmax(
     query·keyᵀ/√d_k + mask)), the article's ``p_attn``, and output = weights · value.
 
@@ -331,7 +345,7 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
     hand output and logsumexp to attention_backward and it skips running the forward again.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask", window)
+                                  seed, causal_alignment, "mask", window, alibi_slopes)
     run = _prepare(args)
     out, lse, weights, _ = _run_forward(run, store_weights=True)
     if _checks.flag("return_logsumexp", return_logsumexp):
@@ -341,7 +355,7 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
 
 def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, scale=None,
                        is_causal=False, seed=None, causal_alignment="top-left", window=None,
-                       mask_grad=False, output=None, logsumexp=None):
+                       alibi_slopes=None, mask_grad=False, output=None, logsumexp=None):
     """Gradients of ``attention``'s output: ``(dquery, dkey, dvalue)`` (and ``dmask``).
 
     Shapes: dout (..., L, Ev) and forward's arguments -> dquery, dkey, dvalue (and dmask) in
@@ -354,7 +368,7 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
     returned weights.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask", window)
+                                  seed, causal_alignment, "mask", window, alibi_slopes)
     run = _prepare(args)
     if (output is None) != (logsumexp is None):
         given, missing = ("output", "logsumexp") if logsumexp is None else ("logsumexp",

@@ -15,7 +15,7 @@ key/value heads, L queries, S keys, E query/key width, Ev value width.
 """
 from collections import namedtuple
 
-from .._jit import kernel
+from .._jit import exact_kernel, kernel
 
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
@@ -32,9 +32,15 @@ Inputs = namedtuple("Inputs", "q k v q_batch k_batch v_batch")
 #: int64: the plane head b·H + h reads. offset (int64): query i's diagonal is key i + offset
 #: (0: top-left, S - L: bottom-right); causal (bool): keys past the diagonal are hidden;
 #: window_left, window_right (int64, UNBOUNDED for no bound): only keys
-#: i + offset - window_left <= j <= i + offset + window_right take part. (key_start, key_end)
+#: i + offset - window_left <= j <= i + offset + window_right take part (key_start, key_end);
+#: alibi (bool): slopes (B·H,) of the query dtype add -slope·|i + offset - j| to head b·H + h's
+#: scaled scores (ALiBi; a one-element placeholder when off).
 Scores = namedtuple("Scores", "scale mask_kind bool_planes float_planes plane_of causal offset "
-                              "window_left window_right")
+                              "window_left window_right alibi slopes")
+
+#: What one head (b, h) reads of Scores (head_of): its bool and float mask planes (Lm, Sm) and
+#: its ALiBi slope.
+Head = namedtuple("Head", "bool_plane float_plane slope")
 
 #: Dropout of the weights: weight (b, h, i, j) is kept when
 #: ``random.keep(stream, ((b·H + h)·L + i)·S + j, threshold)``, and a kept one is multiplied by
@@ -82,11 +88,33 @@ def key_end(scores, i):
 
 
 @kernel
-def head_planes(scores, bh):
-    """The bool and float mask planes head bh = b·H + h reads (Lm, Sm) each."""
+def head_of(scores, bh):
+    """What head bh = b·H + h reads of scores: a Head."""
     plane = scores.plane_of[bh]     # (the unused mask is one plane: index 0)
-    return (scores.bool_planes[plane if scores.mask_kind == BOOL_MASK else 0],
-            scores.float_planes[plane if scores.mask_kind == FLOAT_MASK else 0])
+    return Head(scores.bool_planes[plane if scores.mask_kind == BOOL_MASK else 0],
+                scores.float_planes[plane if scores.mask_kind == FLOAT_MASK else 0],
+                scores.slopes[bh if scores.alibi else 0])
+
+
+@exact_kernel
+def alibi_row(row, slope, diagonal, j0):
+    """row[c] -= slope·|diagonal - (j0 + c)|: ALiBi's distance bias on the scores of keys
+    j0, j0 + 1, ... of one query row whose diagonal is key `diagonal`. exact_kernel (no FMA
+    contraction, product and difference each rounded as written): forward (mask_panel) and
+    backward (mask_tile) form the same scores, to the bit, wherever each copy is inlined."""
+    for c in range(row.shape[0]):
+        row[c] = row[c] - slope * row.dtype.type(abs(diagonal - (j0 + c)))
+
+
+@exact_kernel
+def alibi_panel(pt, lanes, n_keys, slope, diagonal, j0):
+    """alibi_row for a panel of scores stored transposed, pt[j·lanes + c] for key j0 + j and
+    the query whose diagonal is diagonal + c: each element as alibi_row rounds it (the same
+    bits), the loop running along the lanes (contiguous: it vectorises)."""
+    for j in range(n_keys):
+        for c in range(lanes):
+            pt[j * lanes + c] = pt[j * lanes + c] - slope * pt.dtype.type(
+                abs(diagonal + c - (j0 + j)))
 
 
 # ---------------------------------------------------------------- inside the backward kernel
