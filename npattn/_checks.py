@@ -129,6 +129,14 @@ def shape_value(name, shape):
     return tuple(int(n) for n in dims)
 
 
+def broadcasts_to(shape, target):
+    """Whether an array of ``shape`` broadcasts to ``target`` without enlarging it."""
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
 def window_value(name, window):
     """A sliding window: None, or (left, right) with each side an int >= 0 or None (no bound
     on that side); returned as a pair."""
@@ -360,11 +368,7 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
         if mask.dtype != np.bool_ and mask.dtype != query.dtype:
             raise TypeError(f"{mask_name} must have dtype bool (True = takes part) or "
                             f"{query.dtype} (added to the scores, as query); got {mask.dtype}")
-        try:
-            fits = np.broadcast_shapes(mask.shape, full) == full
-        except ValueError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(mask.shape, full):
             raise ValueError(f"{mask_name} must broadcast to (..., H, L, S) = {full}; got "
                              f"shape {mask.shape}")
         mask = contiguous(mask)
@@ -385,11 +389,7 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
         if alibi_slopes.dtype != query.dtype:
             raise TypeError(f"alibi_slopes must have dtype {query.dtype}, as query; got "
                             f"{alibi_slopes.dtype}")
-        try:
-            fits = np.broadcast_shapes(alibi_slopes.shape, batch + (heads,)) == batch + (heads,)
-        except ValueError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(alibi_slopes.shape, batch + (heads,)):
             raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or broadcast to "
                              f"(batch..., H) = {batch + (heads,)}; got {alibi_slopes.shape}")
         alibi_slopes = contiguous(alibi_slopes)
