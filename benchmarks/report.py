@@ -55,34 +55,38 @@ def memory(case):
 
 
 def table(cases):
-    """The Markdown table: one row per case, one column per implementation, then the ratios
-    (and, when a case has a baseline, its time and baseline ÷ npattn)."""
-    baselines = any(BASELINE in case["results"] for case in cases)
-    lines = ["| case | npattn | NumPy | PyTorch | speedup vs NumPy | speedup vs PyTorch "
-             "| peak memory npattn / NumPy |"
-             + (" npattn baseline | speedup vs baseline |" if baselines else ""),
-             "|---|---|---|---|---|---|---|" + ("---|---|" if baselines else "")]
-    notes, busy = [], False
-    for case in cases:
-        label = case["label"]
-        if case.get("foreign_cpu") is not None and case["foreign_cpu"] > BUSY:
-            label += " †"
-            busy = True
-        skipped = case.get("skipped", {})
-        cells = ["skipped" if name in skipped else cell(case["results"].get(name), case["flops"],
-                                                               case.get("tokens"))
-                 for name in IMPLEMENTATIONS]
-        row = (f"| {label} | " + " | ".join(cells) + f" | {speedup(case, 'NumPy')} | "
-               f"{speedup(case, 'PyTorch')} | {memory(case)} |")
-        if baselines:
-            base = case["results"].get(BASELINE)
-            row += (f" {fmt_time(base['median']) if base else '—'} | "
-                    f"{speedup(case, BASELINE)} |")
-            if base:
+    """The Markdown table: one row per case, one column per implementation, then the ratios.
+    Cases with a baseline (Bench.baseline) follow in a table of their own, which adds the
+    baseline's time and baseline ÷ npattn."""
+    plain = [c for c in cases if BASELINE not in c["results"]]
+    based = [c for c in cases if BASELINE in c["results"]]
+    head = ("| case | npattn | NumPy | PyTorch | speedup vs NumPy | speedup vs PyTorch "
+            "| peak memory npattn / NumPy |")
+    lines, notes, busy = [], [], False
+    for group, extra in ((plain, ""), (based, " npattn baseline | speedup vs baseline |")):
+        if not group:
+            continue
+        if lines:
+            lines.append("")
+        lines += [head + extra, "|---|---|---|---|---|---|---|" + "---|" * extra.count("|")]
+        for case in group:
+            label = case["label"]
+            if case.get("foreign_cpu") is not None and case["foreign_cpu"] > BUSY:
+                label += " †"
+                busy = True
+            skipped = case.get("skipped", {})
+            cells = ["skipped" if name in skipped else
+                     cell(case["results"].get(name), case["flops"], case.get("tokens"))
+                     for name in IMPLEMENTATIONS]
+            row = (f"| {label} | " + " | ".join(cells) + f" | {speedup(case, 'NumPy')} | "
+                   f"{speedup(case, 'PyTorch')} | {memory(case)} |")
+            if extra:
+                row += (f" {fmt_time(case['results'][BASELINE]['median'])} | "
+                        f"{speedup(case, BASELINE)} |")
                 notes.append(f"{case['label']}: baseline = {case['baseline']}.")
-        lines.append(row)
-        notes += [n for n in case.get("notes", ()) if n not in notes]
-        notes += [f"{case['label']}: {name} skipped: {why}." for name, why in skipped.items()]
+            lines.append(row)
+            notes += [n for n in case.get("notes", ()) if n not in notes]
+            notes += [f"{case['label']}: {name} skipped: {why}." for name, why in skipped.items()]
     lines.append("")
     lines.append("Each cell: median time per op ±½ interquartile range · GFLOP/s. "
                  "Speedup = peer median / npattn median (> 1: npattn is faster). Peak memory: "

@@ -114,5 +114,9 @@ def test_a_baseline_is_timed_but_not_compared():
     record = {"label": "x", "flops": 1.0, "results": results, "baseline": "the same, plus one"}
     text = report.table([record])
     assert "speedup vs baseline" in text and "x: baseline = the same, plus one." in text
-    assert "speedup vs baseline" not in report.table([{**record, "results": {
-        n: r for n, r in results.items() if n != cases.BASELINE}}])
+    plain = {**record, "label": "y", "results": {
+        n: r for n, r in results.items() if n != cases.BASELINE}}
+    assert "speedup vs baseline" not in report.table([plain])
+    both = report.table([record, plain]).split("\n\n")[:2]       # two tables, plain first
+    assert "| y |" in both[0] and "baseline" not in both[0]
+    assert "| x |" in both[1] and "speedup vs baseline" in both[1]
