@@ -73,10 +73,8 @@ from numba import prange
 
 from .._jit import call_body, kernel, parallel_items
 from . import _gemm_micro, tiles
-from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, Dropout,  # noqa: F401
-                              ForwardResults, Gradients, Inputs, KeyBlock, QueryBlock, Saved,
-                              Scores, Scratch, alibi_panel, alibi_row, head_of, key_end,
-                              key_start)
+from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, KeyBlock, QueryBlock, Scratch,
+                              alibi_panel, alibi_row, head_of, key_end, key_start)
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .random import keep
 

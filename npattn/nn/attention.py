@@ -154,9 +154,10 @@ class MultiheadAttention(Module):
 
     ``need_weights=False`` runs the fused engine (output and one logsumexp per row; no L×S
     matrix is stored); ``need_weights=True`` also writes the weights (N, H, L, S), after
-    dropout (as PyTorch returns them), and backward recomputes the logsumexp. Dropout (the
-    probability ``dropout``) is active in training mode only, with a seed drawn per forward
-    from ``numpy.random.Generator(seed)``.
+    dropout (as PyTorch returns them). Both keep the output and logsumexp for backward, which
+    runs the forward again only for rows whose |logsumexp| > 512 (functional/attention.py,
+    LSE_EXACT). Dropout (the probability ``dropout``) is active in training mode only, with a
+    seed drawn per forward from ``numpy.random.Generator(seed)``.
 
     ``backward(dout)`` takes the gradient of attn_output (the weights carry none) and returns
     ``(dquery, dkey, dvalue)`` in the inputs' shapes, adding every parameter's gradient. When
