@@ -315,14 +315,16 @@ def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names):
 #: bool; scale a float (1/√E by default); seed an int; bottom_right: the causal alignment is
 #: "bottom-right" (the diagonal of is_causal, window and ALiBi); window (left, right), each
 #: an int >= 0 or None; alibi_slopes None or a C-contiguous query-dtype array that broadcasts
-#: to (batch..., H); out_ndim the rank of the output.
+#: to (batch..., H); softcap None or a finite float > 0; sinks None or a C-contiguous
+#: query-dtype array (H,); out_ndim the rank of the output.
 AttentionArgs = collections.namedtuple(
     "AttentionArgs", "query key value mask batch heads dropout_p is_causal scale seed "
-                     "bottom_right window alibi_slopes out_ndim")
+                     "bottom_right window alibi_slopes softcap sinks out_ndim")
 
 
 def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, seed,
-                   causal_alignment, mask_name, window=None, alibi_slopes=None):
+                   causal_alignment, mask_name, window=None, alibi_slopes=None, softcap=None,
+                   sinks=None):
     """Everything scaled_dot_product_attention takes, checked; returns an AttentionArgs.
 
     query (..., H, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -- or 2-D (L, E) etc.
@@ -330,7 +332,8 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
     multiple of it with enable_gqa (or Hkv = 1, which broadcasts). The mask (bool, or float of
     the query dtype) must broadcast to (batch..., H, L, S) without enlarging it. window: see
     window_value. alibi_slopes (ALiBi: one slope per head, (H,) or (batch..., H)): an array of
-    the query dtype that broadcasts to (batch..., H).
+    the query dtype that broadcasts to (batch..., H). softcap: a finite real > 0, or None.
+    sinks (one logit per head): an array (H,) of the query dtype.
     """
     query = float_array("query", query)
     key = float_array("key", key)
@@ -393,13 +396,26 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
             raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or broadcast to "
                              f"(batch..., H) = {batch + (heads,)}; got {alibi_slopes.shape}")
         alibi_slopes = contiguous(alibi_slopes)
+    if softcap is not None:
+        softcap = real_float("softcap", softcap, "a real number > 0 or None")
+        if not 0.0 < softcap < math.inf:               # also rejects NaN
+            raise ValueError(f"softcap must be a finite real number > 0 (scores become "
+                             f"softcap·tanh(score / softcap)) or None; got {softcap}")
+    if sinks is not None:
+        sinks = converted("sinks", sinks, f"a {query.dtype} array")
+        if sinks.dtype != query.dtype:
+            raise TypeError(f"sinks must have dtype {query.dtype}, as query; got {sinks.dtype}")
+        if sinks.shape != (heads,):
+            raise ValueError(f"sinks must have shape (H,) = ({heads},), one logit per query "
+                             f"head; got {sinks.shape}")
+        sinks = contiguous(sinks)
     query, key, value = contiguous(query, key, value)
     return AttentionArgs(
         query=query, key=key, value=value, mask=mask, batch=batch, heads=heads,
         dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
         scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
         seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
-        window=window, alibi_slopes=alibi_slopes,
+        window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
         out_ndim=max(query.ndim, key.ndim, value.ndim))
 
 

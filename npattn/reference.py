@@ -112,48 +112,86 @@ def dropout_backward(dout, keep, p):
 
 # ------------------------------------------------------------------------- attention
 
-def attention_forward(query, key, value, mask=None, keep=None, dropout_p=0.0, scale=None):
+def _capped(raw, softcap):
+    """Soft-capping (Gemma 2): scores become softcap·tanh(scores / softcap); None: unchanged."""
+    return raw if softcap is None else softcap * np.tanh(raw / softcap)
+
+
+def _sink_column(sinks, scores):
+    """The sink logits (H,) as a column beside the scores (..., H, L, S) -> (..., H, L, 1)
+    (without a head dim, (L, S): one sink)."""
+    sinks = np.asarray(sinks, np.float64)
+    column = sinks.reshape(sinks.shape + (1, 1)) if scores.ndim >= 3 else sinks.reshape(1, 1)
+    return np.broadcast_to(column, scores.shape[:-1] + (1,))
+
+
+def _probabilities(scores, sinks):
+    """softmax over the keys; with sinks, over the keys and the sink (whose weight is dropped:
+    the rows then sum to less than 1). Returns (probs (..., L, S), the sink's weight (..., L)
+    or None)."""
+    if sinks is None:
+        return softmax_forward(scores, dim=-1), None
+    full = softmax_forward(np.concatenate([scores, _sink_column(sinks, scores)], axis=-1))
+    return full[..., :-1], full[..., -1]
+
+
+def attention_forward(query, key, value, mask=None, keep=None, dropout_p=0.0, scale=None,
+                      softcap=None, sinks=None):
     """The article's attention: scores = q·kᵀ/√d_k, mask, softmax, dropout, ·v.
 
     Shapes: query (..., L, E) · key (..., S, E) · value (..., S, Ev) -> output (..., L, Ev),
     weights (..., L, S).  ``mask`` broadcasts to (..., L, S): boolean ``True`` takes part,
     float is added to the scores.  ``keep`` is the dropout keep-mask (..., L, S) or None.
+    ``softcap``: the scaled scores become softcap·tanh(scores/softcap) before the mask.
+    ``sinks`` (H,): a logit per head that joins each row's softmax with no value.
     Returns ``(output, weights)`` with ``weights`` after dropout (the article's ``p_attn``).
     """
     d_k = query.shape[-1]
     scale = 1.0 / np.sqrt(d_k) if scale is None else scale
-    scores = (query @ np.swapaxes(key, -1, -2)) * scale  # (..., L, S)
+    scores = _capped((query @ np.swapaxes(key, -1, -2)) * scale, softcap)  # (..., L, S)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
-    probs = softmax_forward(scores, dim=-1)              # (..., L, S)
+    probs, _ = _probabilities(scores, sinks)             # (..., L, S)
     weights = probs if keep is None else dropout_forward(probs, keep, dropout_p)
     return weights @ value, weights
 
 
 def attention_backward(dout, query, key, value, mask=None, keep=None, dropout_p=0.0,
-                       scale=None):
-    """Gradients of query, key and value (and of a float mask, summed to its shape).
+                       scale=None, softcap=None, sinks=None):
+    """Gradients of query, key and value (and of a float mask, summed to its shape); with
+    ``sinks``, the sinks' gradient (H,) fifth.
 
     The chain rule written out: output = W·V with W = dropout(P), P = softmax(scores).
-    Softmax's gradient needs the pre-dropout P -- at dropped positions too.
+    Softmax's gradient needs the pre-dropout P -- at dropped positions too. A sink's logit
+    is one more column of the softmax, with no value: its gradient is p_sink·(0 - D).
+    The cap's derivative is 1 - tanh²(raw / softcap).
     """
     d_k = query.shape[-1]
     scale = 1.0 / np.sqrt(d_k) if scale is None else scale
-    scores = (query @ np.swapaxes(key, -1, -2)) * scale
+    raw = (query @ np.swapaxes(key, -1, -2)) * scale
+    scores = _capped(raw, softcap)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
-    probs = softmax_forward(scores, dim=-1)              # P (..., L, S)
+    probs, p_sink = _probabilities(scores, sinks)        # P (..., L, S)
     weights = probs if keep is None else dropout_forward(probs, keep, dropout_p)
     dvalue = np.swapaxes(weights, -1, -2) @ dout         # (..., S, Ev)
     dweights = dout @ np.swapaxes(value, -1, -2)         # (..., L, S)
     dprobs = dweights if keep is None else dropout_backward(dweights, keep, dropout_p)
-    dscores = softmax_backward(dprobs, probs, dim=-1)    # (..., L, S)
-    dquery = (dscores @ key) * scale                     # (..., L, E)
-    dkey = (np.swapaxes(dscores, -1, -2) @ query) * scale  # (..., S, E)
+    dscores = softmax_backward(dprobs, probs, dim=-1)    # (..., L, S): p·(dp - Σ_j p·dp)
+    draw = dscores if softcap is None else dscores * (1.0 - np.tanh(raw / softcap) ** 2)
+    dquery = (draw @ key) * scale                        # (..., L, E)
+    dkey = (np.swapaxes(draw, -1, -2) @ query) * scale   # (..., S, E)
     dmask = None
     if mask is not None and mask.dtype != bool:
         dmask = _sum_to_shape(dscores, mask.shape)
-    return dquery, dkey, dvalue, dmask
+    if sinks is None:
+        return dquery, dkey, dvalue, dmask
+    d = np.sum(dprobs * probs, axis=-1)                  # D (..., L)
+    dsink = -p_sink * d                                  # (..., [H,] L)
+    if dsink.ndim < 2:                                   # no head dim: one sink
+        return dquery, dkey, dvalue, dmask, np.array([dsink.sum()])
+    dsinks = dsink.sum(axis=tuple(a for a in range(dsink.ndim) if a != dsink.ndim - 2))  # (H,)
+    return dquery, dkey, dvalue, dmask, dsinks
 
 
 # --------------------------------------------------------------- scaled dot-product attention
@@ -245,9 +283,10 @@ def _repeat_kv(query, key, value, enable_gqa):
     return np.repeat(key, group, axis=-3), np.repeat(value, group, axis=-3), group
 
 
-def _masked_scores(query, key, mask, scale):
-    """scores = q·kᵀ·scale, then the mask: False (bool) becomes -inf, float is added."""
-    scores = (query @ np.swapaxes(key, -1, -2)) * scale  # (..., L, S)
+def _masked_scores(query, key, mask, scale, softcap=None):
+    """scores = q·kᵀ·scale (capped: _capped), then the mask: False (bool) becomes -inf, float
+    is added."""
+    scores = _capped((query @ np.swapaxes(key, -1, -2)) * scale, softcap)   # (..., L, S)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
     return scores
@@ -264,10 +303,12 @@ def _logsumexp(scores):
 def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep=None,
                                          dropout_p=0.0, is_causal=False, scale=None,
                                          enable_gqa=False, causal_alignment="top-left",
-                                         window=None, alibi_slopes=None):
+                                         window=None, alibi_slopes=None, softcap=None,
+                                         sinks=None):
     """torch.nn.functional.scaled_dot_product_attention, plus the logsumexp of each score row.
 
     output = dropout(softmax(q·kᵀ·scale + mask)) · v,  logsumexp_i = log Σ_j exp(scores_ij).
+    ``softcap`` and ``sinks``: as attention_forward (the logsumexp then includes the sink).
     ``scale`` defaults to 1/√E; ``attn_mask`` is bool (True takes part) or float (added);
     ``is_causal`` adds :func:`causal_mask` on top of it and ``window`` :func:`window_mask`
     (both hide keys: -inf), ``alibi_slopes`` :func:`alibi_bias`; ``enable_gqa`` repeats each
@@ -283,16 +324,22 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep
     mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
                       window)
     mask = _with_alibi(mask, alibi_slopes, query, key.shape[-2], causal_alignment)
-    output, _ = attention_forward(query, key, value, mask, keep, dropout_p, scale)
-    logsumexp = _logsumexp(_masked_scores(query, key, mask, scale))  # (..., H, L)
+    output, _ = attention_forward(query, key, value, mask, keep, dropout_p, scale, softcap,
+                                  sinks)
+    scores = _masked_scores(query, key, mask, scale, softcap)
+    if sinks is not None:
+        scores = np.concatenate([scores, _sink_column(sinks, scores)], axis=-1)
+    logsumexp = _logsumexp(scores)                                      # (..., H, L)
     return output, np.broadcast_to(logsumexp, output.shape[:-1]).copy()  # value's batch dims too
 
 
 def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=None, keep=None,
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, causal_alignment="top-left",
-                                          window=None, alibi_slopes=None):
-    """Gradients of query, key, value and a float attn_mask: attention_backward, put back.
+                                          window=None, alibi_slopes=None, softcap=None,
+                                          sinks=None):
+    """Gradients of query, key, value and a float attn_mask: attention_backward, put back
+    (and, with ``sinks``, the sinks' gradient (H,) fifth).
 
     Each kv head served H // Hkv query heads, so its gradient is the sum over its group; every
     gradient is then summed over the batch dims its input was broadcast along. ``dmask`` is
@@ -305,8 +352,8 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
                       window)
     mask = _with_alibi(mask, alibi_slopes, query, key.shape[-2], causal_alignment)
-    dquery, dkey, dvalue, dmask = attention_backward(dout, query, key_h, value_h, mask, keep,
-                                                     dropout_p, scale)
+    dquery, dkey, dvalue, dmask, *dsinks = attention_backward(
+        dout, query, key_h, value_h, mask, keep, dropout_p, scale, softcap, sinks)
     if group > 1:                                        # (batch..., Hkv·group, S, ·) -> Hkv
         hkv = key.shape[-3]
         dkey = dkey.reshape(*dkey.shape[:-3], hkv, group, *dkey.shape[-2:]).sum(axis=-3)
@@ -318,7 +365,7 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
         dmask = _sum_to_shape(dmask, attn_mask.shape)
     else:
         dmask = None                                     # (a bool mask or ALiBi's bias alone)
-    return dquery, dkey, dvalue, dmask
+    return (dquery, dkey, dvalue, dmask, *dsinks)
 
 
 def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, cache_length,

@@ -230,7 +230,7 @@ def attention_problem(case, sdpa):
     if len(q_shape) == 2 and heads_kind == "gqa":
         q_shape = (heads, length, width)
     case.group = ["query", "key", "value", "attn_mask" if sdpa else "mask", "dout", "output",
-                  "logsumexp", "alibi_slopes"]
+                  "logsumexp", "alibi_slopes", "sinks"]
     q = case.add("query", case.array(q_shape, dt, name="query"))
     k = case.add("key", case.array(k_shape, dt, name="key"))
     v = case.add("value", case.array(v_shape, dt, name="value"))
@@ -296,6 +296,16 @@ def attention_problem(case, sdpa):
         case.add("alibi_slopes", slopes, float_options(
             case, slopes, anchored=DTYPE, optional=True,
             bad_shapes=[(heads + 1,), (2, heads + 1)]), keyword=True)
+    case.add("softcap", case.draw(st.none() | st.sampled_from([0.5, 30.0]), "softcap"),
+             [("0", 0, True), ("-1.0", -1.0, True), ("nan", math.nan, True),
+              ("inf", math.inf, True), ("'1'", "1", True), ("1j", 1j, True),
+              ("True", True, True), ("None", None, False), ("np.float32(2)", np.float32(2), False),
+              ("3", 3, False)], keyword=True)
+    if case.draw(st.booleans(), "sinks"):
+        sinks = case.values((heads,), dt)
+        case.add("sinks", sinks, float_options(
+            case, sinks, anchored=DTYPE, optional=True,
+            bad_shapes=[(heads + 1,), (1, heads)]), keyword=True)
     if sdpa:
         case.add("enable_gqa", heads_kind == "gqa" or case.draw(st.booleans(), "enable_gqa"),
                  flag_options(), keyword=True)
@@ -352,7 +362,7 @@ def attention_reference(a, mask_name):
         else float(a["scale"])                           # E = 0: npattn's scale is 1
     out, lse = reference.scaled_dot_product_attention_forward(
         q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa, a["causal_alignment"],
-        window(a), alibi(a))
+        window(a), alibi(a), softcap(a), sinks(a))
     out_ndim = max(q.ndim, k.ndim, v.ndim)
     shape = (batch + (heads, length, v.shape[-1]))[-out_ndim:]
     return out.reshape(shape), lse.reshape(shape[:-1]), keep, mask, q, k, v, p, gqa, scale
@@ -361,6 +371,32 @@ def attention_reference(a, mask_name):
 def alibi(a):
     """The ALiBi slopes as the reference takes them: None or a float64 array."""
     return None if a.get("alibi_slopes") is None else f64(a["alibi_slopes"])
+
+
+def softcap(a):
+    return None if a.get("softcap") is None else float(a["softcap"])
+
+
+def sinks(a):
+    return None if a.get("sinks") is None else f64(a["sinks"])
+
+
+def check_gradients(grads, a, arrays, want, dt, big):
+    """grads in the functional order (dquery, dkey, dvalue[, dsinks][, dmask]): their count,
+    shapes and dtype, and, when ``want`` (the reference's (dquery, dkey, dvalue, dmask[,
+    dsinks])) is given, their values."""
+    q, k, v, mask = arrays
+    names = ["dquery", "dkey", "dvalue"] + ["dsinks"] * (a.get("sinks") is not None) + [
+        "dmask"] * bool(a["mask_grad"])
+    assert len(grads) == len(names), f"{len(grads)} gradients"
+    shapes = dict(dquery=q.shape, dkey=k.shape, dvalue=v.shape,
+                  dsinks=np.shape(a.get("sinks")), dmask=np.shape(mask))
+    for g, what in zip(grads, names):
+        expect(g, shapes[what], dt, what)
+    if want is not None:
+        want = dict(zip(("dquery", "dkey", "dvalue", "dmask", "dsinks"), want))
+        for g, what in zip(grads, names):
+            close(g, want[what], dt, big, what)
 
 
 def window(a):
@@ -384,7 +420,8 @@ def gen_sdpa(case, fn, mode):
             valid["query"], valid["key"], valid["value"], valid["attn_mask"],
             valid["dropout_p"], valid["is_causal"], valid["scale"], valid["enable_gqa"],
             seed=valid["seed"], causal_alignment=valid["causal_alignment"],
-            window=valid["window"], alibi_slopes=valid.get("alibi_slopes"))
+            window=valid["window"], alibi_slopes=valid.get("alibi_slopes"),
+            softcap=valid["softcap"], sinks=valid.get("sinks"))
         dout = case.values(out.shape, out.dtype)
         case.add("dout", dout, float_options(case, dout, anchored=DTYPE,
                                              bad_shapes=[out.shape[:-1] + (out.shape[-1] + 1,)]),
@@ -414,18 +451,12 @@ def gen_sdpa(case, fn, mode):
                 close(got_out, out, dt, tol, "output")
                 close(got_lse, lse, dt, tol, "logsumexp")
             return
-        grads = result
-        want_mask_grad = bool(a["mask_grad"])
-        assert len(grads) == 3 + want_mask_grad, f"{len(grads)} gradients"
-        for g, x, what in zip(grads, (q, k, v, mask), ("dquery", "dkey", "dvalue", "dmask")):
-            expect(g, x.shape, dt, what)
-        if case.finite:
-            want = reference.scaled_dot_product_attention_backward(
-                f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa,
-                a["causal_alignment"], window(a), alibi(a))
-            big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
-            for g, ref, what in zip(grads, want, ("dquery", "dkey", "dvalue", "dmask")):
-                close(g, ref, dt, big, what)
+        want = reference.scaled_dot_product_attention_backward(
+            f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa,
+            a["causal_alignment"], window(a), alibi(a), softcap(a), sinks(a)) if case.finite \
+            else None
+        big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
+        check_gradients(result, a, (q, k, v, mask), want, dt, big)
 
     consistent = not (case.changed - {"query", "key", "value", "dout", "output", "logsumexp"})
     case.finite = case.finite and consistent      # forward's output is for the drawn arguments
@@ -454,21 +485,16 @@ def gen_attention(case, fn, backward):
             if case.finite:
                 close(got_out, out, dt, tol, "output")
                 close(got_out, f64(got_w) @ v, dt, tol, "output = weights · value")
-                if p == 0:                             # each row sums to 1, or 0 if masked
+                if p == 0 and a.get("sinks") is None:  # each row sums to 1, or 0 if masked
                     sums = f64(got_w).sum(axis=-1)
                     assert np.all((np.abs(sums - 1) < 1e-3) | (sums == 0)), "weight rows"
             return
-        grads = result
-        assert len(grads) == 3 + bool(a["mask_grad"]), f"{len(grads)} gradients"
-        for g, x, what in zip(grads, (q, k, v, mask), ("dquery", "dkey", "dvalue", "dmask")):
-            expect(g, x.shape, dt, what)
-        if case.finite:
-            want = reference.scaled_dot_product_attention_backward(
-                f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, False,
-                a["causal_alignment"], window(a), alibi(a))
-            big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
-            for g, ref, what in zip(grads, want, ("dquery", "dkey", "dvalue", "dmask")):
-                close(g, ref, dt, big, what)
+        want = reference.scaled_dot_product_attention_backward(
+            f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, False,
+            a["causal_alignment"], window(a), alibi(a), softcap(a), sinks(a)) if case.finite \
+            else None
+        big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
+        check_gradients(result, a, (q, k, v, mask), want, dt, big)
 
     case.run(fn, check, call=lambda f: f(**case.args))
 

@@ -63,6 +63,8 @@ class Case:
     enable_gqa: bool = False
     window: object = None
     alibi_slopes: object = None
+    softcap: object = None
+    sinks: object = None
 
     def __repr__(self):                     # shapes and options, not pages of numbers
         def describe(a):
@@ -75,7 +77,8 @@ class Case:
         return (f"Case({arrays}, dropout_p={self.dropout_p!r}, seed={self.seed!r}, "
                 f"is_causal={self.is_causal}, causal_alignment={self.causal_alignment!r}, "
                 f"scale={self.scale!r}, enable_gqa={self.enable_gqa}, window={self.window!r}, "
-                f"alibi_slopes={self.alibi_slopes!r})")
+                f"alibi_slopes={self.alibi_slopes!r}, softcap={self.softcap!r}, "
+                f"sinks={self.sinks!r})")
 
     def _repr_pretty_(self, printer, cycle):   # Hypothesis prints this
         printer.text(repr(self))
@@ -115,13 +118,18 @@ class Case:
         return dict(attn_mask=self.attn_mask, dropout_p=self.dropout_p, is_causal=self.is_causal,
                     scale=self.scale, enable_gqa=self.enable_gqa, seed=self.seed,
                     causal_alignment=self.causal_alignment, window=self.window,
-                    alibi_slopes=self.alibi_slopes)
+                    alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks)
 
     def attention_kwargs(self):
         """attention()'s keywords (the mask and dropout_p go positionally; no enable_gqa)."""
         return dict(scale=self.scale, is_causal=self.is_causal, seed=self.seed,
                     causal_alignment=self.causal_alignment, window=self.window,
-                    alibi_slopes=self.alibi_slopes)
+                    alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks)
+
+    def grad_names(self, mask_grad):
+        """The names of the backward's results, in its order."""
+        return (("dquery", "dkey", "dvalue") + (("dsinks",) if self.sinks is not None else ())
+                + (("dmask",) if mask_grad else ()))
 
     def keep(self):
         """The contract's keep-mask: dropout_mask((B, H, L, S), p, seed) in the weights' shape."""
@@ -141,10 +149,13 @@ class Case:
         return dict(attn_mask=self.mask64(), keep=self.keep(), dropout_p=self.dropout_p,
                     is_causal=self.is_causal, scale=self.scale, enable_gqa=self.enable_gqa,
                     causal_alignment=self.causal_alignment, window=self.window,
-                    alibi_slopes=self.slopes64())
+                    alibi_slopes=self.slopes64(), softcap=self.softcap, sinks=self.sinks64())
 
     def slopes64(self):
         return None if self.alibi_slopes is None else f64(self.alibi_slopes)[0]
+
+    def sinks64(self):
+        return None if self.sinks is None else f64(self.sinks)[0]
 
     def bias(self):
         """ALiBi's float64 bias, broadcastable to weights_shape, or None."""
@@ -185,10 +196,13 @@ class Case:
                                                                   **self.reference_kwargs())
 
     def reference_backward(self):
+        """The reference's gradients by name: dquery, dkey, dvalue, dmask (None unless the
+        mask is float) and dsinks (with sinks)."""
         dout, q, k, v = f64(self.dout, self.query, self.key, self.value)
         with np.errstate(invalid="ignore"):
-            return reference.scaled_dot_product_attention_backward(dout, q, k, v,
-                                                                   **self.reference_kwargs())
+            grads = reference.scaled_dot_product_attention_backward(dout, q, k, v,
+                                                                    **self.reference_kwargs())
+        return dict(zip(("dquery", "dkey", "dvalue", "dmask", "dsinks"), grads))
 
     def reference_weights(self, nan_to_zero=False):
         """float64 weights before and after dropout, with kv heads repeated for GQA."""
@@ -198,9 +212,10 @@ class Case:
         if self.group > 1:
             k, v = (np.repeat(a, self.group, axis=-3) for a in (k, v))
         mask = self.mask_with_visible()
-        _, probs = reference.attention_forward(q, k, v, mask, scale=self.scale_value)
+        options = dict(softcap=self.softcap, sinks=self.sinks64())
+        _, probs = reference.attention_forward(q, k, v, mask, scale=self.scale_value, **options)
         _, weights = reference.attention_forward(q, k, v, mask, self.keep(), self.dropout_p,
-                                                 self.scale_value)
+                                                 self.scale_value, **options)
         shape = self.weights_shape                       # value's batch dims too
         return np.broadcast_to(probs, shape), np.broadcast_to(weights, shape)
 
@@ -234,6 +249,9 @@ def bounds(case, amplify=True):
         terms = terms + np.abs(case.bias())
     terms = np.broadcast_to(terms, case.weights_shape)
     top = terms.max(axis=-1, keepdims=True, initial=0.0)  # (..., L, 1)
+    if case.sinks is not None:      # a sink shifts every score by (up to) itself: its rounding
+        sink = np.abs(np.nan_to_num(case.sinks64(), neginf=0.0))
+        top = np.maximum(top, sink.reshape(-1, 1, 1) if case.heads else sink.reshape(1, 1))
     # a score's error (E products: E·eps·top) moves its row's weights by that relative
     # amount, next to the S + E of the sums themselves: (S + E)·amp = S + E + 2·E·top
     amp = 1 + 2 * top * E / max(S + E, 1) if amplify else np.ones_like(top)
@@ -275,6 +293,17 @@ def bounds(case, amplify=True):
     if mask is not None and mask.dtype != bool:
         b["dmask"] = (math.prod(case.weights_shape) // max(mask.size, 1) + S + E + Ev,
                       sum_to(np.broadcast_to(dscores, case.weights_shape), mask.shape))
+    if case.sinks is not None:       # -Σ p_sink·D: p_sink = exp(sink - lse) carries lse's error
+        _, lse = case.reference_forward()                                   # (..., [H,] L)
+        sink = case.sinks64()
+        with np.errstate(invalid="ignore"):
+            p_sink = np.nan_to_num(np.exp((sink[:, None] if case.heads else sink) - lse))
+        d = np.sum(dout * ((weights * amp) @ v), axis=-1)                   # |D| (..., [H,] L)
+        terms = np.broadcast_to(p_sink * d * (1 + top[..., 0]), lse.shape)
+        heads = sink.shape[0]
+        b["dsinks"] = (L * copies(sink.shape) + S + E + Ev,
+                       terms.reshape(math.prod(terms.shape[:-1]) // heads, heads,
+                                     terms.shape[-1]).sum(axis=(0, 2)))
     return b
 
 
@@ -304,7 +333,12 @@ def assert_bound_is_meaningful(name, want, case, b, fraction=1.0):
         f"this example would check nothing")
 
 
-GRAD_NAMES = ("dquery", "dkey", "dvalue", "dmask")
+def named_grads(case, grads):
+    """(name, got, reference) for each of a backward's results (dmask included when there)."""
+    want = case.reference_backward()
+    names = case.grad_names(mask_grad=len(grads) > 3 + (case.sinks is not None))
+    assert len(grads) == len(names)
+    return [(name, got, want[name]) for name, got in zip(names, grads)]
 
 
 # ------------------------------------------------------------------ the strategy
@@ -353,7 +387,7 @@ def window_sides(L, S):
 
 @st.composite
 def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", "wide"),
-               windows=True, alibi=True):
+               windows=True, alibi=True, softcap=True, sinks=True):
     """One call of scaled_dot_product_attention: every argument, any layout, and a dout."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     dtype = draw(dtypes)
@@ -421,6 +455,15 @@ def sdpa_cases(draw, masks=MASK_KINDS, dropout=True, gqa=True, kinds=("normal", 
         shape = draw(st.sampled_from([(heads,), case.batch + (heads,), (1,)]))
         case.alibi_slopes = lay_out(rng.uniform(0.0, draw(st.sampled_from([0.05, 1.0, 8.0])),
                                                 shape).astype(dtype), draw(layouts), rng)
+    if softcap and draw(st.integers(0, 2)) == 0:
+        case.softcap = draw(st.sampled_from([0.05, 1.0, 5.0, 50.0]) | st.floats(0.01, 1e3))
+    if sinks and draw(st.integers(0, 2)) == 0:
+        heads = case.query.shape[-3] if case.heads else 1
+        spread = draw(st.sampled_from([1.0, 5.0, 40.0]))
+        logits = rng.normal(0.0, spread, heads)
+        if draw(st.integers(0, 4)) == 0:
+            logits[rng.random(heads) < 0.5] = -np.inf        # a sink of -inf: no sink
+        case.sinks = lay_out(logits.astype(dtype), draw(layouts), rng)
     factor = draw(st.none() | st.floats(-2.0, 2.0))
     case.scale = None if factor is None else factor / math.sqrt(E)
     return case
@@ -451,11 +494,12 @@ def test_backward_matches_reference(case, mask_grad, layout):
     out, lse = lay_out(out, layout, rng), lay_out(lse, layout, rng)  # forward's, in any layout
     grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
                                                   out, lse, **case.kwargs(), mask_grad=mask_grad)
-    assert len(grads) == (4 if mask_grad else 3)
+    names = case.grad_names(mask_grad)
+    assert len(grads) == len(names)
     want = case.reference_backward()
     b = bounds(case)
-    for name, got, w in zip(GRAD_NAMES, grads, want):
-        check(name, got, w, case, b)
+    for name, got in zip(names, grads):
+        check(name, got, want[name], case, b)
 
 
 @given(case=sdpa_cases(gqa=False), mask_grad=st.booleans())
@@ -472,9 +516,11 @@ def test_attention_matches_reference(case, mask_grad):
     check("output", out, want_out, case, b)
     check("weights", weights, want_weights, case, b)
     grads = attention_backward(case.dout, *args, **case.attention_kwargs(), mask_grad=mask_grad)
-    assert len(grads) == (4 if mask_grad else 3)
-    for name, got, w in zip(GRAD_NAMES, grads, case.reference_backward()):
-        check(name, got, w, case, b)
+    names = case.grad_names(mask_grad)
+    assert len(grads) == len(names)
+    want = case.reference_backward()
+    for name, got in zip(names, grads):
+        check(name, got, want[name], case, b)
     assert attention_forward is attention
     # the logsumexp kept from forward: the same results, bit for bit, without a second forward
     out2, weights2, lse = attention(*args, **case.attention_kwargs(), return_logsumexp=True)
@@ -527,24 +573,31 @@ def test_matches_torch(torch, case):
     batch dims that only key or value broadcast (wrong output shape) and it rejects a 1-D mask,
     so inputs and mask are expanded to the full batch first (autograd sums the gradients
     back). GQA itself and the scale go to PyTorch as they are. Fully masked rows: PyTorch 2.5+
-    gives zero outputs and gradients too.
+    gives zero outputs and gradients too. Soft-capping and sinks, which PyTorch's SDPA has not,
+    go through torch_formula: their formulas in PyTorch's operations, and its autograd.
     """
     q, k, v, dout = f64(case.query, case.key, case.value, case.dout)
     mask = case.mask64()
-    explicit = case.window is not None or case.alibi_slopes is not None or case.is_causal and (
-        mask is not None or case.causal_alignment == "bottom-right"
-        or (case.scale is not None and case.scale <= 0))
+    formula = case.softcap is not None or case.sinks is not None
+    explicit = formula or case.window is not None or case.alibi_slopes is not None or (
+        case.is_causal and (mask is not None or case.causal_alignment == "bottom-right"
+                            or (case.scale is not None and case.scale <= 0)))
     if explicit:                        # a window or ALiBi is always a dense mask for PyTorch
         mask = case.mask_with_visible()
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
     tmask = None if mask is None else torch.tensor(mask, requires_grad=mask.dtype != bool)
+    tsinks = None if case.sinks is None else torch.tensor(case.sinks64(), requires_grad=True)
     full = [tq, tk, tv]
     if case.heads:
         full = [t.expand(case.batch + t.shape[-3:]) for t in full]
     full_mask = None if tmask is None else tmask.expand(case.weights_shape)  # PyTorch wants >= 2-D
-    tout = torch.nn.functional.scaled_dot_product_attention(
-        *full, attn_mask=full_mask, is_causal=case.is_causal and not explicit,
-        scale=case.scale, enable_gqa=case.enable_gqa)
+    if formula:
+        tout = torch_formula(torch, *full, full_mask, case.scale_value, case.group,
+                             case.softcap, tsinks)
+    else:
+        tout = torch.nn.functional.scaled_dot_product_attention(
+            *full, attn_mask=full_mask, is_causal=case.is_causal and not explicit,
+            scale=case.scale, enable_gqa=case.enable_gqa)
     tout.backward(torch.tensor(dout))
 
     b = bounds(case)
@@ -557,12 +610,42 @@ def test_matches_torch(torch, case):
     def grad(t):                            # None when nothing flowed back (S = 0, L = 0)
         return np.zeros(tuple(t.shape)) if t.grad is None else t.grad.numpy()
 
-    want = [grad(tq), grad(tk), grad(tv)]
+    want = dict(dquery=grad(tq), dkey=grad(tk), dvalue=grad(tv))
+    if tsinks is not None:
+        want["dsinks"] = grad(tsinks)
     if float_mask:
-        want.append(sum_to(grad(tmask), case.attn_mask.shape))
-    assert len(grads) == len(want)
-    for name, got, w in zip(GRAD_NAMES, grads, want):
-        check(name, got, w, case, b)
+        want["dmask"] = sum_to(grad(tmask), case.attn_mask.shape)
+    names = case.grad_names(float_mask)
+    assert len(grads) == len(names)
+    for name, got in zip(names, grads):
+        check(name, got, want[name], case, b)
+
+
+def torch_formula(torch, q, k, v, mask, scale, group, softcap, sinks):
+    """Attention with soft-capping and sinks in PyTorch's operations (differentiable): scores
+    = q·kᵀ·scale, capped (softcap·tanh(s/softcap)), masked (bool: -inf where False; float:
+    added), a column of sinks (H,) beside them, a softmax that gives a row of -inf zeros (as
+    npattn and SDPA do; torch.softmax would give NaN), the sink column dropped, ·v."""
+    if group > 1:
+        k, v = (torch.repeat_interleave(t, group, dim=-3) for t in (k, v))
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask
+    if sinks is not None:
+        column = sinks.reshape(-1, 1, 1) if s.ndim >= 3 else sinks.reshape(1, 1)
+        s = torch.cat([s, column.expand(s.shape[:-1] + (1,))], dim=-1)
+    if s.shape[-1] == 0:                                  # no key and no sink: output 0
+        return s @ v
+    top = s.amax(dim=-1, keepdim=True).detach()
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = torch.exp(s - top)
+    total = e.sum(dim=-1, keepdim=True)
+    p = e / torch.where(total == 0, torch.ones_like(total), total)
+    if sinks is not None:
+        p = p[..., :-1]
+    return p @ v
 
 
 # ------------------------------------------------------------------ the article
@@ -635,7 +718,7 @@ def test_fully_masked_rows_give_zeros_not_nan(dtype, how):
     b = bounds(case)
     for name, got, want in zip(("output", "logsumexp"), (out, lse), case.reference_forward()):
         check(name, got, want, case, b)
-    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+    for name, got, want in named_grads(case, grads):
         check(name, got, want, case, b)
     _, weights = attention(case.query, case.key, case.value, case.attn_mask,
                            **case.attention_kwargs())
@@ -708,6 +791,99 @@ def test_alibi_is_the_float_mask_of_its_bias_bit_for_bit(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_a_sink_of_minus_inf_is_no_sink_bit_for_bit(dtype):
+    """exp(-inf) joins each denominator as an exact 0: every result has the bits of the call
+    without sinks, and the sinks' gradient is 0 -- with a mask, causal, GQA and dropout, over
+    several key blocks. A finite sink changes the output (the premise)."""
+    rng = np.random.default_rng(23)
+    L, S, H = 200, 300, 4
+    q, k, v, dout = (make_values(rng, s, dtype) for s in
+                     ((2, H, L, 24), (2, 2, S, 24), (2, 2, S, 8), (2, H, L, 8)))
+    mask = rng.random((L, S)) < 0.8
+    kw = dict(attn_mask=mask, is_causal=True, causal_alignment="bottom-right", dropout_p=0.2,
+              seed=5, enable_gqa=True)
+
+    def run(**more):
+        out, lse = scaled_dot_product_attention_forward(q, k, v, **kw, **more)
+        return (out, lse, *scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw,
+                                                                 **more))
+
+    plain = run()
+    got = run(sinks=np.full(H, -np.inf, dtype))
+    assert len(got) == len(plain) + 1
+    for x, y in zip(got[:5], plain):
+        assert_identical(x, y)
+    assert np.array_equal(got[5], np.zeros(H, dtype))
+    assert not np.array_equal(run(sinks=np.zeros(H, dtype))[0], plain[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_take_the_weight_of_masked_rows_and_of_huge_logits(dtype):
+    """A row whose keys are all masked gives output 0 and logsumexp = its sink (log(e^sink)),
+    with zero gradients; a sink of 1e30 takes every row's whole weight: output 0, logsumexp
+    1e30, every gradient 0. Both against the reference."""
+    rng = np.random.default_rng(29)
+    B, H, L, S, E, Ev = 2, 3, 6, 9, 5, 4
+    case = Case(*(make_values(rng, s, dtype) for s in
+                  ((B, H, L, E), (B, H, S, E), (B, H, S, Ev), (B, H, L, Ev))))
+    case.attn_mask = rng.random((B, 1, L, S)) < 0.7
+    case.attn_mask[:, :, [1, 4]] = False
+    case.sinks = rng.standard_normal(H).astype(dtype)
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs())
+    assert np.all(out[:, :, [1, 4]] == 0)
+    assert np.array_equal(lse[:, :, [1, 4]], np.broadcast_to(case.sinks[:, None], (B, H, 2)))
+    assert np.all(grads[0][:, :, [1, 4]] == 0)
+    b = bounds(case)
+    for name, got, want in zip(("output", "logsumexp"), (out, lse), case.reference_forward()):
+        check(name, got, want, case, b)
+    for name, got, want in named_grads(case, grads):
+        check(name, got, want, case, b)
+
+    case.attn_mask, case.sinks = None, np.array([1e30, 0.0, -1e30], dtype)
+    out, lse = scaled_dot_product_attention_forward(case.query, case.key, case.value,
+                                                    **case.kwargs())
+    grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
+                                                  out, lse, **case.kwargs())
+    assert np.all(out[:, 0] == 0) and np.all(lse[:, 0] == dtype(1e30))
+    assert np.all(grads[0][:, 0] == 0) and grads[3][0] == 0
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    b = bounds(case)
+    for name, got, want in zip(("output", "logsumexp"), (out, lse), case.reference_forward()):
+        check(name, got, want, case, b)
+    for name, got, want in named_grads(case, grads):
+        check(name, got, want, case, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softcap_bounds_huge_logits(dtype):
+    """Scores of ±1e30 capped at 20: the softmax sees scores in [-20, 20] and matches the
+    reference; the cap's slope there is 0, so no gradient flows through a saturated score
+    (and none is NaN)."""
+    rng = np.random.default_rng(31)
+    B, H, L, S, E, Ev = 2, 2, 5, 7, 3, 4
+    q = make_values(rng, (B, H, L, E), dtype) * dtype(1e15)
+    k = make_values(rng, (B, H, S, E), dtype) * dtype(1e15)
+    v, dout = make_values(rng, (B, H, S, Ev), dtype), make_values(rng, (B, H, L, Ev), dtype)
+    case = Case(q, k, v, dout)
+    case.softcap, case.scale = 20.0, 1.0
+    out, lse = scaled_dot_product_attention_forward(q, k, v, **case.kwargs())
+    grads = scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **case.kwargs())
+    assert np.all(np.abs(lse) <= 20 + np.log(S) + 1e-3)
+    want_out, want_lse = case.reference_forward()
+    assert_close(out, want_out, dtype=dtype, n=S + E, scale=(f64(np.abs(v))[0]).max())
+    assert_close(lse, want_lse, dtype=dtype, n=S + E, scale=20.0)
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    want = case.reference_backward()
+    assert_close(grads[2], want["dvalue"], dtype=dtype, n=L + S + E,
+                 scale=np.abs(f64(dout)[0]).sum(axis=-2, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_huge_logits_stay_finite_and_exact(dtype):
     """Scores of ±1e30 (q, k ~ 1e15), which overflow any unshifted exp. In each row the scores
     differ by >= 1e28 (far above their rounding), so the weights are exactly one-hot."""
@@ -731,7 +907,7 @@ def test_huge_logits_stay_finite_and_exact(dtype):
     check("logsumexp", lse, want_lse, case, b)
     grads = scaled_dot_product_attention_backward(case.dout, case.query, case.key, case.value,
                                                   out, lse, **case.kwargs())
-    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+    for name, got, want in named_grads(case, grads):
         assert np.isfinite(got).all()
         check(name, got, want, case, b)
     _, weights = attention(case.query, case.key, case.value, scale=1.0)
@@ -754,7 +930,7 @@ def test_nan_propagates(dtype, where):
     b = bounds(case)
     check("output", out, want_out, case, b)
     check("logsumexp", lse, want_lse, case, b)
-    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+    for name, got, want in named_grads(case, grads):
         check(name, got, want, case, b)                  # NaN at the same places
 
 
@@ -792,7 +968,7 @@ def test_long_rows_in_float32():
     b = bounds(case)
     for name, got, want in zip(("output", "logsumexp"), (out, lse), case.reference_forward()):
         check(name, got, want, case, b)
-    for name, got, want in zip(GRAD_NAMES, grads, case.reference_backward()):
+    for name, got, want in named_grads(case, grads):
         check(name, got, want, case, b)
 
 
@@ -963,6 +1139,21 @@ BAD_INPUT = [                               # call, error, a word the message mu
     (lambda: sdpa(alibi_slopes="slopes"), TypeError, "alibi_slopes"),
     (lambda: sdpa_backward(alibi_slopes=np.ones(5)), ValueError, "alibi_slopes"),
     (lambda: attention(Q, Q, Q, alibi_slopes=np.ones((2, 2))), ValueError, "alibi_slopes"),
+    (lambda: sdpa(softcap=0), ValueError, r"softcap.*> 0.*got 0"),
+    (lambda: sdpa(softcap=-2.5), ValueError, r"softcap.*got -2.5"),
+    (lambda: sdpa(softcap=math.nan), ValueError, "softcap.*nan"),
+    (lambda: sdpa(softcap=math.inf), ValueError, "softcap.*finite.*inf"),
+    (lambda: sdpa(softcap="30"), TypeError, "softcap.*str"),
+    (lambda: sdpa(softcap=True), TypeError, "softcap.*bool"),
+    (lambda: sdpa_backward(softcap=-1.0), ValueError, "softcap"),
+    (lambda: attention(Q, Q, Q, softcap=0.0), ValueError, "softcap"),
+    (lambda: sdpa(sinks=np.ones(3)), ValueError, r"sinks.*\(4,\).*\(3,\)"),
+    (lambda: sdpa(sinks=np.ones((2, 4))), ValueError, r"sinks.*\(2, 4\)"),   # no batch dims
+    (lambda: sdpa(sinks=np.ones(1)), ValueError, "sinks"),                    # no broadcast
+    (lambda: sdpa(sinks=np.ones(4, np.float32)), TypeError, "sinks.*float32"),
+    (lambda: sdpa(sinks="sinks"), TypeError, "sinks"),
+    (lambda: sdpa_backward(sinks=np.ones(5)), ValueError, "sinks"),
+    (lambda: attention(Q, Q, Q, sinks=np.ones(2)), ValueError, "sinks"),
 ]
 
 

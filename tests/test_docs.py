@@ -256,6 +256,52 @@ def test_attention_backward_steps(case):
         np.testing.assert_allclose(reference._sum_to_shape(ds, mask.shape), want[3], **TOL)
 
 
+@given(case=attention_cases(), softcap=st.sampled_from([0.5, 3.0]),
+       sink_scale=st.sampled_from([0.0, 2.0]))
+@settings(max_examples=10)
+def test_softcap_and_sink_gradients_by_central_differences(case, softcap, sink_scale):
+    """Section 7, soft-capping and sinks: dr = ds ∘ (1 − tanh²(r/c)) gives dq, and dσ_h =
+    −Σ_i π_i·D_i with π_i = exp(σ_h − lse_i), both against central differences of
+    Σ dout ∘ o (and the reference's gradients against the same)."""
+    q, k, v, dout, mask, _, _ = case
+    if q.shape[0] != k.shape[0]:
+        return                                           # (GQA draws: section's GQA test)
+    rng = np.random.default_rng(q.size)
+    sinks = rng.standard_normal(q.shape[0]) * sink_scale
+    scale = 1.0 / np.sqrt(q.shape[-1])
+
+    def loss(q_, sinks_):
+        out, _ = reference.attention_forward(q_, k, v, mask, scale=scale, softcap=softcap,
+                                             sinks=sinks_)
+        return np.sum(dout * out)
+
+    out, lse = reference.scaled_dot_product_attention_forward(q, k, v, mask, scale=scale,
+                                                              softcap=softcap, sinks=sinks)
+    raw = scale * q @ np.swapaxes(k, -1, -2)
+    s = reference._masked_scores(q, k, mask, scale, softcap)
+    with np.errstate(invalid="ignore"):
+        p = np.where(np.isneginf(s), 0.0, np.exp(s - lse[..., None]))
+    d = np.sum(dout * out, axis=-1)                            # D = rowsum(dout ∘ o)
+    ds = p * (dout @ np.swapaxes(v, -1, -2) - d[..., None])
+    dq = scale * (ds * (1 - np.tanh(raw / softcap) ** 2)) @ k   # dr = ds ∘ (1 − tanh²)
+    dsinks = -np.sum(np.exp(sinks[:, None] - lse) * d, axis=-1)  # −Σ_i π_i·D_i
+    h = 1e-6
+    fd_q = np.zeros_like(q)
+    for idx in np.ndindex(q.shape):
+        e = np.zeros_like(q)
+        e[idx] = h
+        fd_q[idx] = (loss(q + e, sinks) - loss(q - e, sinks)) / (2 * h)
+    fd_s = np.array([(loss(q, sinks + h * np.eye(len(sinks))[i])
+                      - loss(q, sinks - h * np.eye(len(sinks))[i])) / (2 * h)
+                     for i in range(len(sinks))])
+    np.testing.assert_allclose(dq, fd_q, **FD_TOL)
+    np.testing.assert_allclose(dsinks, fd_s, **FD_TOL)
+    want = reference.attention_backward(dout, q, k, v, mask, scale=scale, softcap=softcap,
+                                        sinks=sinks)
+    np.testing.assert_allclose(want[0], dq, **TOL)
+    np.testing.assert_allclose(want[4], dsinks, **TOL)
+
+
 @given(case=attention_cases(gqa=True))
 def test_gqa_gradients_sum_over_the_group(case):
     """Section 7: dk_g, dv_g are the sums over the G query heads that read kv head g."""

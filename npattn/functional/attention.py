@@ -29,6 +29,16 @@ Rules, as PyTorch's ``scaled_dot_product_attention`` (2.5+):
   -slope_h·|d - j| to head h's scaled scores (d: query i's diagonal, as for the window),
   computed in the kernel as each block of scores is formed -- no (L, S) bias is built. The
   slopes get no gradient;
+* ``softcap=c`` (Gemma 2's logit soft-capping): each scaled score s becomes c·tanh(s/c) before
+  the masks and ALiBi are applied, so every score lies in (-c, c); its backward multiplies the
+  scores' gradient by 1 - tanh²(s/c) (``dmask`` stays the gradient of the capped, masked
+  scores);
+* ``sinks`` (gpt-oss's attention sinks), shape (H,), the query dtype: a logit per head that
+  joins every row's softmax denominator, weights_ij = exp(s_ij)/(exp(sink_h) + Σ_j exp(s_ij)),
+  without a value: the weights of a row sum to less than 1. ``logsumexp`` includes the sink
+  (log(exp(sink_h) + Σ_j exp(s_ij))), so a row whose keys are all masked gives output 0 and
+  logsumexp sink_h. The backward returns the sinks' gradient, -Σ_rows weight_sink·D with
+  D = rowsum(dout ∘ output), summed over the batch;
 * a row whose every key is masked gives zeros and zero gradients, not NaN; NaN propagates;
 * dropout zeroes weight (b, h, i, j) unless kept by ``dropout_mask((B, H, L, S), dropout_p,
   seed)`` (B: the broadcast batch dims flattened) and scales the kept ones by 1/(1-p). The
@@ -74,7 +84,8 @@ from ..kernels.tiles import engine
 
 NO_BOOL = np.ones((1, 1, 1), np.bool_)      # the unused mask argument: one plane, never read
 NO_FLOAT = {np.dtype(t): np.zeros((1, 1, 1), t) for t in (np.float32, np.float64)}
-NO_SLOPES = {np.dtype(t): np.zeros(1, t) for t in (np.float32, np.float64)}   # no ALiBi
+#: the per-head placeholder of an option that is off (ALiBi's slopes, the sink logits)
+NO_HEAD_VALUES = {np.dtype(t): np.zeros(1, t) for t in (np.float32, np.float64)}
 #: |logsumexp| beyond which its rounding -- up to 256 ulps at 512 -- would be a visible
 #: relative error in every probability backward rebuilds as exp(s - lse). Such rows get their
 #: normaliser Σ_j exp(s_j - lse) = l·exp(m - lse) from forward's row max m and row sum l (see
@@ -131,15 +142,19 @@ def _prepare(args):
     n_rows, n_keys = q4.shape[2], k4.shape[2]
     p = args.dropout_p
     left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in args.window)
-    slopes = NO_SLOPES[dtype]
+    slopes, sinks = NO_HEAD_VALUES[dtype], NO_HEAD_VALUES[dtype]
     if args.alibi_slopes is not None:                            # (B·H,)
         slopes = np.ascontiguousarray(np.broadcast_to(args.alibi_slopes, batch + (heads,)))
         slopes = slopes.reshape(-1)
+    if args.sinks is not None:                                   # (B·H,)
+        sinks = np.ascontiguousarray(np.broadcast_to(args.sinks, batch + (heads,))).reshape(-1)
     scores = Scores(scale=args.scale, mask_kind=kind, bool_planes=bool_planes,
                     float_planes=float_planes, plane_of=plane_of, causal=args.is_causal,
                     offset=n_keys - n_rows if args.bottom_right else 0,
                     window_left=left, window_right=right,
-                    alibi=args.alibi_slopes is not None, slopes=slopes)
+                    alibi=args.alibi_slopes is not None, slopes=slopes,
+                    softcap=0.0 if args.softcap is None else args.softcap,
+                    sinks=args.sinks is not None, sink_logits=sinks)
     dropout = Dropout(stream=stream_key(args.seed),
                       threshold=keep_threshold(p) if p > 0 else np.uint64(0),
                       scale=kept_scale(p, dtype))
@@ -235,19 +250,40 @@ def _run_backward(run, dout, out, lse, norm, store_ds):
     return dq, dk, dv, (dscores if store_ds else None)
 
 
-def _gradients(args, run, dq, dk, dv, dscores):
+def _sink_gradient(sinks, dout, out, lse, norm):
+    """The sink logits' gradient (H,): -Σ over batch and rows of p_sink·D, with p_sink =
+    exp(sink - lse)/norm the weight the sink took in each row and D = rowsum(dout ∘ out)
+    (docs/backward.md, section 7). sinks (H,); dout, out (B, H, L, Ev); lse, norm (B, H, L)."""
+    d = np.einsum("bhlv,bhlv->bhl", dout, out, dtype=np.float64)             # (B, H, L)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p_sink = np.exp(sinks.astype(np.float64)[:, None] - lse) / norm      # (B, H, L)
+    p_sink[np.isneginf(lse)] = 0.0          # (rows with no key and a sink of -inf)
+    return -(p_sink * d).sum(axis=(0, 2)).astype(lse.dtype)                # (H,)
+
+
+def _gradients(args, run, dq, dk, dv, dscores, dsinks=None):
     """Each gradient in its input's shape (summed over broadcast batch dims; dk, dv over the
-    query heads that shared a key/value head)."""
+    query heads that shared a key/value head), then dsinks and dmask when computed."""
     batch = run.shape[:-2]
     grads = []
     for x, g in ((args.query, dq), (args.key, dk), (args.value, dv)):
         g = g.reshape(batch + g.shape[1:])                       # (*batch, heads, N, W)
         grads.append(_sum_to(g, (1,) * (len(batch) + 3 - x.ndim) + x.shape).reshape(x.shape))
+    if dsinks is not None:
+        grads.append(dsinks)
     if dscores is not None:
         mask = args.mask
         full = dscores.reshape(batch + dscores.shape[1:])        # (*batch, H, L, S)
         grads.append(np.asarray(_sum_to(full, mask.shape)).reshape(mask.shape))  # 0-d: an array
     return tuple(grads)
+
+
+def _backward(args, run, dout, out, lse, norm, mask_grad):
+    """The gradients in their inputs' shapes (_gradients) from the checked, stacked dout, out,
+    lse and the normalisers: the kernel, and the sinks' gradient when there are sinks."""
+    dq, dk, dv, dscores = _run_backward(run, dout, out, lse, norm, mask_grad)
+    dsinks = _sink_gradient(args.sinks, dout, out, lse, norm) if args.sinks is not None else None
+    return _gradients(args, run, dq, dk, dv, dscores, dsinks)
 
 
 def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
@@ -274,7 +310,7 @@ def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
 def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, dropout_p=0.0,
                                          is_causal=False, scale=None, enable_gqa=False, *,
                                          seed=None, causal_alignment="top-left", window=None,
-                                         alibi_slopes=None):
+                                         alibi_slopes=None, softcap=None, sinks=None):
     """``(output, logsumexp)``: attention's output and, per query row, log Σ_j exp(score_ij).
 
     Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) ->
@@ -285,7 +321,7 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
     """
     args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                   enable_gqa, seed, causal_alignment, "attn_mask", window,
-                                  alibi_slopes)
+                                  alibi_slopes, softcap, sinks)
     run = _prepare(args)
     out, lse, _, _ = _run_forward(run, store_weights=False)
     return _shaped(out, run), _shaped(lse, run)
@@ -293,7 +329,8 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, seed=None,
-                                 causal_alignment="top-left", window=None, alibi_slopes=None):
+                                 causal_alignment="top-left", window=None, alibi_slopes=None,
+                                 softcap=None, sinks=None):
     """softmax(query·keyᵀ·scale + mask) · value, as ``torch.nn.functional.
     scaled_dot_product_attention`` (see the module docstring for the rules).
 
@@ -302,18 +339,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     return scaled_dot_product_attention_forward(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed=seed,
-        causal_alignment=causal_alignment, window=window, alibi_slopes=alibi_slopes)[0]
+        causal_alignment=causal_alignment, window=window, alibi_slopes=alibi_slopes,
+        softcap=softcap, sinks=sinks)[0]
 
 
 def scaled_dot_product_attention_backward(dout, query, key, value, output, logsumexp,
                                           attn_mask=None, dropout_p=0.0, is_causal=False,
                                           scale=None, enable_gqa=False, *, seed=None,
                                           causal_alignment="top-left", window=None,
-                                          alibi_slopes=None, mask_grad=False):
-    """Gradients ``(dquery, dkey, dvalue)``, and ``dmask`` last when ``mask_grad`` is True.
+                                          alibi_slopes=None, softcap=None, sinks=None,
+                                          mask_grad=False):
+    """Gradients ``(dquery, dkey, dvalue)``, then ``dsinks`` when ``sinks`` is given, and
+    ``dmask`` last when ``mask_grad`` is True.
 
     Shapes: dout, output (..., H, L, Ev) · logsumexp (..., H, L) and forward's arguments ->
-    dquery, dkey, dvalue in the shapes of query, key, value; dmask in the shape of attn_mask
+    dquery, dkey, dvalue in the shapes of query, key, value; dsinks (H,); dmask in the shape
+    of attn_mask
 
     With w = dropout(p), p = softmax(s), s = q·kᵀ·scale + mask and D = rowsum(dout ∘ output):
     dv = wᵀ·dout,  ds = p ∘ (dropout(dout·vᵀ) - D),  dq = ds·k·scale,  dk = dsᵀ·q·scale,
@@ -322,17 +363,17 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
     """
     args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                   enable_gqa, seed, causal_alignment, "attn_mask", window,
-                                  alibi_slopes)
+                                  alibi_slopes, softcap, sinks)
     run = _prepare(args)
     dout, output, lse = _backward_args(dout, output, logsumexp, args, run, "attn_mask",
                                        mask_grad)
     norm = _normalisers(lse, lambda: _run_forward(run, store_weights=False)[3])
-    return _gradients(args, run, *_run_backward(run, dout, output, lse, norm, mask_grad))
+    return _backward(args, run, dout, output, lse, norm, mask_grad)
 
 
 def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_causal=False,
               seed=None, causal_alignment="top-left", window=None, alibi_slopes=None,
-              return_logsumexp=False):
+              softcap=None, sinks=None, return_logsumexp=False):
     """The article's ``attention``: ``(output, weights)`` with weights = dropout(softmax(
     query·keyᵀ/√d_k + mask)), the article's ``p_attn``, and output = weights · value.
 
@@ -345,7 +386,8 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
     hand output and logsumexp to attention_backward and it skips running the forward again.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask", window, alibi_slopes)
+                                  seed, causal_alignment, "mask", window, alibi_slopes, softcap,
+                                  sinks)
     run = _prepare(args)
     out, lse, weights, _ = _run_forward(run, store_weights=True)
     if _checks.flag("return_logsumexp", return_logsumexp):
@@ -355,11 +397,13 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
 
 def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, scale=None,
                        is_causal=False, seed=None, causal_alignment="top-left", window=None,
-                       alibi_slopes=None, mask_grad=False, output=None, logsumexp=None):
-    """Gradients of ``attention``'s output: ``(dquery, dkey, dvalue)`` (and ``dmask``).
+                       alibi_slopes=None, softcap=None, sinks=None, mask_grad=False,
+                       output=None, logsumexp=None):
+    """Gradients of ``attention``'s output: ``(dquery, dkey, dvalue)`` (then ``dsinks`` and
+    ``dmask``, as scaled_dot_product_attention_backward).
 
-    Shapes: dout (..., L, Ev) and forward's arguments -> dquery, dkey, dvalue (and dmask) in
-    the shapes of query, key, value (and mask); output (..., L, Ev), logsumexp (..., L)
+    Shapes: dout (..., L, Ev) and forward's arguments -> dquery, dkey, dvalue (dsinks, dmask)
+    in the shapes of query, key, value (sinks, mask); output (..., L, Ev), logsumexp (..., L)
 
     The engine of scaled_dot_product_attention_backward, which rebuilds the weights from the
     logsumexp: pass ``output`` and ``logsumexp`` from ``attention(..., return_logsumexp=
@@ -368,7 +412,8 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
     returned weights.
     """
     args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask", window, alibi_slopes)
+                                  seed, causal_alignment, "mask", window, alibi_slopes, softcap,
+                                  sinks)
     run = _prepare(args)
     if (output is None) != (logsumexp is None):
         given, missing = ("output", "logsumexp") if logsumexp is None else ("logsumexp",
@@ -382,8 +427,7 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
     else:
         stats = lambda: _run_forward(run, store_weights=False)[3]   # noqa: E731 (rare rows)
     dout, out, lse = _backward_args(dout, output, logsumexp, args, run, "mask", mask_grad)
-    return _gradients(args, run, *_run_backward(run, dout, out, lse, _normalisers(lse, stats),
-                                                mask_grad))
+    return _backward(args, run, dout, out, lse, _normalisers(lse, stats), mask_grad)
 
 
 attention_forward = attention

@@ -74,7 +74,8 @@ from numba import prange
 from .._jit import call_body, kernel, parallel_items
 from . import _gemm_micro, tiles
 from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, KeyBlock, QueryBlock, Scratch,
-                              alibi_panel, alibi_row, head_of, key_end, key_start)
+                              alibi_panel, alibi_row, head_of, key_end, key_start,
+                              softcap_scores, softcap_tile)
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .random import keep
 
@@ -406,6 +407,8 @@ def forward_item(w, inputs, scores, dropout, results, block_rows):
             lo = min(max(key_start(scores, i0 + c0) - j0, 0) // MR * MR, n_vis)
             for js in range(lo, n_vis, MR):               # scoresᵀ = k·(q·scale)ᵀ, written
                 micro_kernel(width, ks[js * width:], qp[c0 * width:], pt_tiles[js:js + MR])
+            if scores.softcap > 0:                        # before masks and bias
+                softcap_scores(pt[lo * NR:n_vis * NR], scores.softcap)
             mask_panel(pt[lo * NR:], n_vis - lo, i0 + c0, rows - c0, j0 + lo, scores, head)
             if store_weights:                              # the masked scores, for now
                 for c in range(min(NR, rows - c0)):
@@ -426,16 +429,23 @@ def forward_item(w, inputs, scores, dropout, results, block_rows):
         c = r % NR
         if dropout.threshold == 0:
             l[r] = panel[ones, c]
-        mh[i] = m[r]
-        lh[i] = l[r]
-        if l[r] == 0:                                      # every key masked
+        row_max, row_sum, alpha = m[r], l[r], dtype.type(1)
+        if scores.sinks:                 # the sink joins the denominator: l·e^m + e^sink
+            top = max(row_max, head.sink)
+            if top != -np.inf:
+                alpha = math.exp(row_max - top)             # 0 when every key is masked
+                row_sum = row_sum * alpha + math.exp(head.sink - top)
+                row_max = top
+        mh[i] = row_max
+        lh[i] = row_sum
+        if row_sum == 0:                                   # every key masked (no sink)
             orow[:] = zero
             lseh[i] = -np.inf
         else:                                              # (NaN flows through here)
-            inv = dtype.type(1) / l[r]
+            inv = alpha / row_sum
             for col in range(n_vcols):
                 orow[col] = panel[col, c] * inv
-            lseh[i] = m[r] + math.log(l[r])
+            lseh[i] = row_max + math.log(row_sum)
     if store_weights:
         finish_weights(wh, i0, rows, begin, end, lseh, dropout, first)
 
@@ -463,7 +473,7 @@ def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, head, dropout, first,
     vwidth = kb.vt.shape[0] // BK
     n_strips = (rows + MR - 1) // MR
     lse_r, inv_r, d_r = qb.lse, qb.inv, qb.d
-    wp, dsp, dsq, ts, tdp, kept, x, p = sc
+    wp, dsp, dsq, ts, tdp, kept, x, p, capped = sc
     for s in range(n_strips):
         r0 = s * MR
         for c0 in range(0, n_keys, NR):
@@ -477,6 +487,8 @@ def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, head, dropout, first,
                         dsq[(s * BK + c0 + c) * MR + r] = 0
                 continue
             micro_kernel(width, qb.qs[r0 * width:], kb.kt[c0 * width:], ts)
+            if scores.softcap > 0:                         # before masks and bias, as forward
+                softcap_tile(ts, sc.capped, scores.softcap)
             mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, scores, head)
             micro_kernel(vwidth, qb.dos[r0 * vwidth:], kb.vt[c0 * vwidth:], tdp)
             for r in range(MR):
@@ -500,16 +512,21 @@ def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, head, dropout, first,
                         w = pv * dropout.scale if kept[r, c] else zero
                     drow[c] = pv * (dp - d_r[r0 + r])                 # ds
                     wrow[c] = w
+            if store_ds:                                   # the gradient of the masked scores
+                for r in range(min(MR, rows - r0)):
+                    out = dsh[i0 + r0 + r, j0 + c0:j0 + min(n_keys, c0 + NR)]
+                    for c in range(out.shape[0]):
+                        out[c] = dsp[panel + (r0 + r) * NR + c]
+            if scores.softcap > 0:                         # ... and through the cap: that of
+                for r in range(MR):                        # q·kᵀ·scale, for dq and dk
+                    drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
+                    for c in range(NR):
+                        drow[c] = drow[c] * capped[r, c]
             strip = dsq[s * BK * MR:(s + 1) * BK * MR]
             for c in range(NR):
                 col = strip[(c0 + c) * MR:(c0 + c + 1) * MR]
                 for r in range(MR):
                     col[r] = dsp[panel + (r0 + r) * NR + c]
-            if store_ds:
-                for r in range(min(MR, rows - r0)):
-                    out = dsh[i0 + r0 + r, j0 + c0:j0 + min(n_keys, c0 + NR)]
-                    for c in range(out.shape[0]):
-                        out[c] = dsp[panel + (r0 + r) * NR + c]
 
 
 @kernel
@@ -613,7 +630,7 @@ def backward_item(w, inputs, scores, dropout, saved, grads):
     sc = Scratch(np.empty(BK * BQ, dtype), np.empty(BK * BQ, dtype), np.empty(BQ * BK, dtype),
                  np.empty((MR, NR), dtype), np.empty((MR, NR), dtype),
                  np.empty((MR, NR), np.bool_), np.empty(MR * NR, dtype),
-                 np.empty(MR * NR, dtype))
+                 np.empty(MR * NR, dtype), np.empty((MR, NR), dtype))
     kb_all = k[inputs.k_batch[b], g]
     vb_all = v[inputs.v_batch[b], g]
     dkb = grads.dk[b, g]

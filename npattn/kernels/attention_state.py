@@ -16,6 +16,7 @@ key/value heads, L queries, S keys, E query/key width, Ev value width.
 from collections import namedtuple
 
 from .._jit import exact_kernel, kernel
+from .tanh import tanh_slope_native
 
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
@@ -34,13 +35,17 @@ Inputs = namedtuple("Inputs", "q k v q_batch k_batch v_batch")
 #: window_left, window_right (int64, UNBOUNDED for no bound): only keys
 #: i + offset - window_left <= j <= i + offset + window_right take part (key_start, key_end);
 #: alibi (bool): slopes (B·H,) of the query dtype add -slope·|i + offset - j| to head b·H + h's
-#: scaled scores (ALiBi; a one-element placeholder when off).
+#: scaled scores (ALiBi; a one-element placeholder when off). softcap (a Python float, 0: off):
+#: each scaled score s becomes softcap·tanh(s / softcap) first, before masks and bias (Gemma 2).
+#: sinks (bool): sink_logits (B·H,) of the query dtype, head b·H + h's sink logit, which joins
+#: every row's softmax denominator -- exp(sink) beside each exp(s_j) -- with no value (gpt-oss);
+#: a one-element placeholder when off.
 Scores = namedtuple("Scores", "scale mask_kind bool_planes float_planes plane_of causal offset "
-                              "window_left window_right alibi slopes")
+                              "window_left window_right alibi slopes softcap sinks sink_logits")
 
-#: What one head (b, h) reads of Scores (head_of): its bool and float mask planes (Lm, Sm) and
-#: its ALiBi slope.
-Head = namedtuple("Head", "bool_plane float_plane slope")
+#: What one head (b, h) reads of Scores (head_of): its bool and float mask planes (Lm, Sm), its
+#: ALiBi slope and its sink logit.
+Head = namedtuple("Head", "bool_plane float_plane slope sink")
 
 #: Dropout of the weights: weight (b, h, i, j) is kept when
 #: ``random.keep(stream, ((b·H + h)·L + i)·S + j, threshold)``, and a kept one is multiplied by
@@ -93,7 +98,8 @@ def head_of(scores, bh):
     plane = scores.plane_of[bh]     # (the unused mask is one plane: index 0)
     return Head(scores.bool_planes[plane if scores.mask_kind == BOOL_MASK else 0],
                 scores.float_planes[plane if scores.mask_kind == FLOAT_MASK else 0],
-                scores.slopes[bh if scores.alibi else 0])
+                scores.slopes[bh if scores.alibi else 0],
+                scores.sink_logits[bh if scores.sinks else 0])
 
 
 @exact_kernel
@@ -117,6 +123,29 @@ def alibi_panel(pt, lanes, n_keys, slope, diagonal, j0):
                 abs(diagonal + c - (j0 + j)))
 
 
+@exact_kernel
+def softcap_scores(x, cap):
+    """x[k] = cap·tanh(x[k] / cap) for scores x (n,) (the forward's panels). exact_kernel, as
+    alibi_row: the same bits as softcap_tile gives the same score in backward."""
+    c = x.dtype.type(cap)
+    for k in range(x.shape[0]):
+        t, _ = tanh_slope_native(x[k] / c)
+        x[k] = c * t
+
+
+@exact_kernel
+def softcap_tile(tile, slope, cap):
+    """softcap_scores for a backward tile (MR, NR), and the cap's derivative at each score,
+    d(cap·tanh(s/cap))/ds = 1 - tanh²(s/cap), into slope (MR, NR)."""
+    c = tile.dtype.type(cap)
+    for r in range(tile.shape[0]):
+        row, srow = tile[r], slope[r]
+        for k in range(row.shape[0]):
+            t, d = tanh_slope_native(row[k] / c)
+            row[k] = c * t
+            srow[k] = d
+
+
 # ---------------------------------------------------------------- inside the backward kernel
 #: One query block packed for backward_pair (rows i0 .. i0 + rows, padded to whole MR strips):
 #: qs, dos -- q·scale and dout as MR-query strips; qc, doc -- qᵀ and doutᵀ as column strips
@@ -131,5 +160,6 @@ KeyBlock = namedtuple("KeyBlock", "kt vt kp")
 
 #: A backward work item's scratch, allocated once: wp, dsp -- w and ds of one block pair as key
 #: panels; dsq -- ds as query strips; ts, tdp (MR, NR) -- one tile of scores and of dout·vᵀ;
-#: kept (MR, NR) bool; x, p (MR·NR,) -- s - lse and its exp.
-Scratch = namedtuple("Scratch", "wp dsp dsq ts tdp kept x p")
+#: kept (MR, NR) bool; x, p (MR·NR,) -- s - lse and its exp; capped (MR, NR) -- the slope of
+#: the soft cap at each score of the tile (softcap_tile).
+Scratch = namedtuple("Scratch", "wp dsp dsq ts tdp kept x p capped")
