@@ -8,6 +8,11 @@ q, k, v are (B, H, L, D) = (4, 8, L, 64), float32, self-attention (S = L). The v
 - **ALiBi**, causal, ``alibi_slopes`` = 2^-(h + 1) for head h (the paper's slopes for 8 heads,
   halved): npattn adds the bias as it forms each block of scores. Baseline: npattn's causal
   attention without ALiBi, the bias's own cost.
+- **soft-capping** ``softcap=30`` (Gemma 2) and **sinks** (one logit per head, gpt-oss), causal:
+  npattn caps each block of scores as it forms them (and takes the cap's slope in backward),
+  or adds the sink to each row's denominator. Baseline: npattn's causal attention without
+  them. PyTorch's SDPA has neither: PyTorch runs the formula on the full scores (autograd
+  for backward), as a user would write it.
 
 Implementations (every one computes the same thing; their results are checked against
 npattn's before timing):
@@ -172,3 +177,99 @@ def alibi_forward_backward(torch, length):
                               torch=torch_forward_backward(torch, sdpa, dout, q, k, v)),
                         skipped, ("npattn causal attention fwd+bwd without ALiBi, the same "
                                   "shapes", ours()))
+
+
+# ---------------------------------------------------------- soft-capping and sinks (formulas)
+
+SOFTCAP = 30.0          # Gemma 2's attention cap
+OPTIONS = [(1024, "softcap"), (1024, "sinks")]
+OPTIONS_QUICK = [(256, "softcap"), (256, "sinks")]
+NOTE_FORMULA = ("soft-capping and sinks have no PyTorch SDPA form: PyTorch runs their formula "
+                "(q·kᵀ·scale, c·tanh(s/c), the causal -inf, a sink column, softmax, ·v) on "
+                "the full (B, H, L, S) scores, backward by autograd; GFLOP/s nominal as ALiBi's")
+
+
+def _option_setup(torch, length, option):
+    """Inputs, npattn's keyword for the option (softcap or sinks), and PyTorch's formula
+    f(q, k, v[, sinks]) (None without torch)."""
+    q, k, v = (randn(B, H, length, D) for _ in range(3))
+    causal = npattn.reference.causal_mask(length, length)
+    flops = 4 * B * H * D * float(causal.sum())
+    sinks = (np.random.default_rng(5).standard_normal(H) * 2).astype(np.float32)   # (H,)
+    kw = dict(softcap=SOFTCAP) if option == "softcap" else dict(sinks=sinks)
+    extra = () if option == "softcap" else (sinks,)
+    formula = None
+    if torch:
+        hidden = torch.from_numpy(~causal)
+
+        def formula(q_, k_, v_, *sinks_):
+            s = (q_ @ k_.transpose(-1, -2)) * (1 / np.sqrt(D))
+            if option == "softcap":
+                s = SOFTCAP * torch.tanh(s / SOFTCAP)
+            s = s.masked_fill(hidden, -np.inf)
+            if sinks_:
+                column = sinks_[0].reshape(H, 1, 1).expand(s.shape[:-1] + (1,))
+                p = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)[..., :-1]
+            else:
+                p = torch.softmax(s, dim=-1)
+            return p @ v_
+    return q, k, v, kw, extra, flops, formula
+
+
+def _option_numpy(q, k, v, option, sinks):
+    """The formula in NumPy, forward: (B, H, L, S) scores and all."""
+    scale = q.dtype.type(1 / np.sqrt(q.shape[-1]))
+    s = (q * scale) @ np.swapaxes(k, -1, -2)
+    if option == "softcap":
+        s = np.float32(SOFTCAP) * np.tanh(s / np.float32(SOFTCAP))
+    np.copyto(s, -np.inf, where=~npattn.reference.causal_mask(q.shape[-2], k.shape[-2]))
+    top = s.max(axis=-1, keepdims=True)
+    if option == "sinks":
+        top = np.maximum(top, sinks[:, None, None])
+    p = np.exp(s - top)
+    total = p.sum(axis=-1, keepdims=True)
+    if option == "sinks":
+        total += np.exp(sinks[:, None, None] - top)
+    return (p / total) @ v
+
+
+def _option_bench(kind, length, option, flops, impls_, skipped, baseline):
+    return Bench(f"attention {kind} causal {option} {shape((B, H, length, D))}", flops=flops,
+                 impls=impls_, notes=[NOTE_FORMULA], skipped=skipped, baseline=baseline)
+
+
+@case("attention-variants", sizes=OPTIONS, quick=OPTIONS_QUICK)
+def option_forward(torch, length, option):
+    q, k, v, kw, extra, flops, formula = _option_setup(torch, length, option)
+    numpy, skipped = _numpy_or_skip(length, False, lambda: _option_numpy(
+        q, k, v, option, kw.get("sinks")))
+    return _option_bench("fwd", length, option, flops,
+                         impls(npattn=lambda: npattn.scaled_dot_product_attention(
+                                   q, k, v, is_causal=True, **kw),
+                               numpy=numpy, torch=torch_forward(torch, formula, q, k, v, *extra)),
+                         skipped, (f"npattn causal attention without {option}, the same shapes",
+                                   lambda: npattn.scaled_dot_product_attention(
+                                       q, k, v, is_causal=True)))
+
+
+@case("attention-variants", sizes=OPTIONS, quick=OPTIONS_QUICK)
+def option_forward_backward(torch, length, option):
+    q, k, v, kw, extra, flops, formula = _option_setup(torch, length, option)
+    dout = randn(B, H, length, D)
+
+    def ours(**options):
+        def run():
+            out, lse = npattn.scaled_dot_product_attention_forward(q, k, v, is_causal=True,
+                                                                   **options)
+            return out, npattn.scaled_dot_product_attention_backward(
+                dout, q, k, v, out, lse, is_causal=True, **options)
+        return run
+
+    return _option_bench("fwd+bwd", length, option, 3.5 * flops,
+                         impls(npattn=ours(**kw), numpy=None,
+                               torch=torch_forward_backward(torch, formula, dout, q, k, v,
+                                                            *extra)),
+                         {"NumPy": "no NumPy backward of the formula here (the forward case "
+                                   "times NumPy's)"},
+                         (f"npattn causal attention fwd+bwd without {option}, the same shapes",
+                          ours()))

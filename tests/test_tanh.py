@@ -32,6 +32,11 @@ def test_tanh_and_its_slope_are_within_a_few_ulps(dtype, xs):
     slope = np.empty_like(tile)
     softcap_tile(tile, slope, 1.0)                    # cap 1: tile = tanh(x)
     t, d = tile[0], slope[0]
+    for i, value in enumerate(x):                     # each alone: the series where small
+        one, slope_one = np.array([[value]]), np.empty((1, 1), dtype)
+        softcap_tile(one, slope_one, 1.0)
+        assert np.array_equal(one[0], t[i:i + 1], equal_nan=True)
+        assert np.array_equal(slope_one[0], d[i:i + 1], equal_nan=True)
     x64 = x.astype(np.float64)
     want_t = np.tanh(x64)
     with np.errstate(over="ignore"):
@@ -58,15 +63,24 @@ def test_tanh_and_its_slope_are_within_a_few_ulps(dtype, xs):
        cap=st.sampled_from([0.05, 1.0, 30.0, 1e4]))
 def test_the_row_and_the_tile_cap_to_the_same_bits(dtype, xs, cap):
     """Forward caps its panels with softcap_scores, backward its tiles with softcap_tile: the
-    same score must come out the same (backward rebuilds forward's probabilities)."""
+    same score must come out the same (backward rebuilds forward's probabilities), whichever
+    form each block takes -- the series alone where every score of the block is small, the
+    full form where one is not: here the whole row against each score alone, and the tile."""
     x = np.array(xs, np.float64).astype(dtype)
     row, tile = x.copy(), x.reshape(1, -1).copy()
     softcap_scores(row, cap)
     softcap_tile(tile, np.empty_like(tile), cap)
     assert np.array_equal(row, tile[0], equal_nan=True)
+    for i, value in enumerate(x):
+        alone, one = np.array([value]), np.array([[value]])
+        slope_alone = np.empty_like(one)
+        softcap_scores(alone, cap)
+        softcap_tile(one, slope_alone, cap)
+        assert np.array_equal(alone, row[i:i + 1], equal_nan=True)
+        assert np.array_equal(one[0], row[i:i + 1], equal_nan=True)
     c = dtype(cap)
     with np.errstate(invalid="ignore", over="ignore"):
-        want = np.float64(c) * np.tanh(x.astype(np.float64) / np.float64(c))
+        want = np.float64(c) * np.tanh(x.astype(np.float64) * np.float64(dtype(1 / cap)))
     ok = ~np.isnan(x)
     assert np.all(np.abs(row[ok]) <= c)
     # within 8 ulps, or where x / cap underflows, by cap times the smallest subnormal

@@ -15,8 +15,10 @@ key/value heads, L queries, S keys, E query/key width, Ev value width.
 """
 from collections import namedtuple
 
-from .._jit import exact_kernel, kernel
-from .tanh import tanh_slope_native
+import numpy as np
+
+from .._jit import exact_kernel, fma_kernel, kernel
+from .tanh import SMALL, series_native, tanh_slope_native
 
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
@@ -123,27 +125,59 @@ def alibi_panel(pt, lanes, n_keys, slope, diagonal, j0):
                 abs(diagonal + c - (j0 + j)))
 
 
-@exact_kernel
+@fma_kernel
 def softcap_scores(x, cap):
-    """x[k] = cap·tanh(x[k] / cap) for scores x (n,) (the forward's panels). exact_kernel, as
-    alibi_row: the same bits as softcap_tile gives the same score in backward."""
+    """x[k] = cap·tanh(x[k] / cap) for scores x (n,) (the forward's panels), x / cap taken as
+    x·(1/cap) (1/cap rounded once to the dtype). First y in place, counting the |y| >= SMALL
+    (NaN too); with none, tanh's series alone (the bits the full form selects there, at about
+    half its cost). The same bits as softcap_tile gives the same score in backward (tanh.py:
+    one way to fuse each multiply-add)."""
     c = x.dtype.type(cap)
+    inv = x.dtype.type(1.0 / cap)
+    small = x.dtype.type(SMALL)
+    far = 0
     for k in range(x.shape[0]):
-        t, _ = tanh_slope_native(x[k] / c)
-        x[k] = c * t
+        y = x[k] * inv
+        x[k] = y
+        far += not abs(y) < small
+    if far == 0:
+        for k in range(x.shape[0]):
+            y = x[k]
+            x[k] = c * np.copysign(series_native(abs(y)), y)
+    else:
+        for k in range(x.shape[0]):
+            t, _ = tanh_slope_native(x[k])
+            x[k] = c * t
 
 
-@exact_kernel
+@fma_kernel
 def softcap_tile(tile, slope, cap):
     """softcap_scores for a backward tile (MR, NR), and the cap's derivative at each score,
     d(cap·tanh(s/cap))/ds = 1 - tanh²(s/cap), into slope (MR, NR)."""
     c = tile.dtype.type(cap)
+    inv = tile.dtype.type(1.0 / cap)
+    small = tile.dtype.type(SMALL)
+    one = tile.dtype.type(1)
+    far = 0
+    for r in range(tile.shape[0]):
+        row = tile[r]
+        for k in range(row.shape[0]):
+            y = row[k] * inv
+            row[k] = y
+            far += not abs(y) < small
     for r in range(tile.shape[0]):
         row, srow = tile[r], slope[r]
-        for k in range(row.shape[0]):
-            t, d = tanh_slope_native(row[k] / c)
-            row[k] = c * t
-            srow[k] = d
+        if far == 0:
+            for k in range(row.shape[0]):
+                y = row[k]
+                t = np.copysign(series_native(abs(y)), y)
+                row[k] = c * t
+                srow[k] = one - t * t
+        else:
+            for k in range(row.shape[0]):
+                t, d = tanh_slope_native(row[k])
+                row[k] = c * t
+                srow[k] = d
 
 
 # ---------------------------------------------------------------- inside the backward kernel
