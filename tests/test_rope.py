@@ -273,6 +273,7 @@ def test_causal_attention_with_rope_is_shift_invariant(dtype, interleaved):
     eps = np.finfo(dtype).eps
     for t in (1, 17, 150):
         shifted = attend(t)
+        assert not np.allclose(m(q.astype(np.float64), offset=t), m(q.astype(np.float64)))
         # rounding the rotated q, k to dtype moves each score by ~eps·|q||k|, exp by as much
         assert np.max(np.abs(shifted - base)) <= 200 * eps * np.abs(v).max()
     without = npattn.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -285,6 +286,7 @@ def test_bad_input_names_the_argument(monkeypatch):
     """Each raises before any kernel runs (the kernel is replaced by one that fails)."""
     def no_kernel(*args):
         raise AssertionError("a kernel ran")
+    no_kernel.serial = no_kernel
     monkeypatch.setattr(rotary, "rotary_kernel", no_kernel)
     x = np.ones((2, 3, 4), np.float32)
     c = np.ones((3, 2), np.float32)
