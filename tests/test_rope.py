@@ -398,3 +398,12 @@ def test_results_have_the_input_shape_and_dtype_and_inputs_are_untouched(shape, 
         lists = rotary_embedding(x.tolist(), cos.astype(np.float64).tolist(),
                                  sin.astype(np.float64).tolist())
         assert lists.dtype == np.float64
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_module_gradients_match_central_differences(interleaved):
+    from npattn.gradcheck import gradcheck_module
+    rng = np.random.default_rng(2)
+    m = nn.RotaryEmbedding(6, 9, base=100.0, interleaved=interleaved, dtype=np.float64)
+    report = gradcheck_module(m, (rng.standard_normal((2, 4, 6)),), seed=1)
+    assert report.ok, report
