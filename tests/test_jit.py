@@ -52,7 +52,7 @@ FMA_ONLY = {*(f"micro_{mr}x{nr}" for mr, nr in tiles.TILES.values()),
             "normal_forward_block", "normal_backward_block", "tanh_forward_block",
             "tanh_backward_block"}
 # exact_kernel: no fastmath at all, so that every copy of the code gives the same bits
-EXACT = {"adam_block", "alibi_row", "alibi_panel", "rotate_halves_rows", "rotate_pairs_rows"}
+EXACT = {"adam_block", "alibi_row", "alibi_panel", "rotate_halves_row", "rotate_pairs_row"}
 
 
 def test_fastmath_never_assumes_finite_math():

@@ -23,41 +23,29 @@ BLOCK = 4096  # elements per prange iteration (whole rows, at least one); one bl
 
 
 @exact_kernel
-def rotate_halves_rows(x, cos, sin, inverse, out, start, stop):
-    # rows start .. stop of out (R, E) from x (R, E); pair k is (x[k], x[k + h])
-    length, h = cos.shape
-    for r in range(start, stop):
-        row, dst = x[r], out[r]
-        c, s = cos[r % length], sin[r % length]
-        a, b = row[:h], row[h:]                  # (views from 0: unit strides for LLVM)
-        out_a, out_b = dst[:h], dst[h:]
-        if inverse:
-            for k in range(h):
-                out_a[k] = a[k] * c[k] + b[k] * s[k]
-                out_b[k] = b[k] * c[k] - a[k] * s[k]
-        else:
-            for k in range(h):
-                out_a[k] = a[k] * c[k] - b[k] * s[k]
-                out_b[k] = b[k] * c[k] + a[k] * s[k]
+def rotate_halves_row(row, c, s, inverse, dst):
+    # one row (E,) into dst (E,), c, s (h,): pair k is (row[k], row[k + h])
+    h = c.shape[0]
+    a, b = row[:h], row[h:]                      # (views from 0: unit strides for LLVM)
+    out_a, out_b = dst[:h], dst[h:]
+    if inverse:
+        for k in range(h):
+            out_a[k] = a[k] * c[k] + b[k] * s[k]
+            out_b[k] = b[k] * c[k] - a[k] * s[k]
+    else:
+        for k in range(h):
+            out_a[k] = a[k] * c[k] - b[k] * s[k]
+            out_b[k] = b[k] * c[k] + a[k] * s[k]
 
 
 @exact_kernel
-def rotate_pairs_rows(x, cos, sin, inverse, out, start, stop):
-    # rows start .. stop of out (R, E) from x (R, E); pair k is (x[2k], x[2k + 1])
-    length, h = cos.shape
-    for r in range(start, stop):
-        row, dst = x[r], out[r]
-        c, s = cos[r % length], sin[r % length]
-        if inverse:
-            for k in range(h):
-                a, b = row[2 * k], row[2 * k + 1]
-                dst[2 * k] = a * c[k] + b * s[k]
-                dst[2 * k + 1] = b * c[k] - a * s[k]
-        else:
-            for k in range(h):
-                a, b = row[2 * k], row[2 * k + 1]
-                dst[2 * k] = a * c[k] - b * s[k]
-                dst[2 * k + 1] = b * c[k] + a * s[k]
+def rotate_pairs_row(row, c, s, inverse, dst):
+    # one row (E,) into dst (E,), c, s (h,): pair k is (row[2k], row[2k + 1])
+    for k in range(c.shape[0]):
+        sk = -s[k] if inverse else s[k]          # ±sin θ: exact, the same arithmetic
+        a, b = row[2 * k], row[2 * k + 1]
+        dst[2 * k] = a * c[k] - b * sk
+        dst[2 * k + 1] = b * c[k] + a * sk
 
 
 @parallel_kernel(twin=True)
@@ -65,10 +53,12 @@ def rotary_kernel(x, cos, sin, interleaved, inverse, out):
     # x (R, E), cos, sin (L, E/2) -> out (R, E): every pair of row r rotated by θ[r mod L]
     # (by −θ when inverse: the backward, dx = R(−θ)·dout)
     n_rows, width = x.shape
+    length = cos.shape[0]
     rows = max(1, BLOCK // max(width, 1))       # rows per block
     for blk in prange((n_rows + rows - 1) // rows):   # each iteration owns rows of out
-        start, stop = blk * rows, min(blk * rows + rows, n_rows)
-        if interleaved:
-            rotate_pairs_rows(x, cos, sin, inverse, out, start, stop)
-        else:
-            rotate_halves_rows(x, cos, sin, inverse, out, start, stop)
+        for r in range(blk * rows, min(blk * rows + rows, n_rows)):
+            pos = r % length
+            if interleaved:
+                rotate_pairs_row(x[r], cos[pos], sin[pos], inverse, out[r])
+            else:
+                rotate_halves_row(x[r], cos[pos], sin[pos], inverse, out[r])
