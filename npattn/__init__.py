@@ -27,6 +27,8 @@ from .functional.gelu import gelu, gelu_backward, gelu_forward
 from .functional.layer_norm import layer_norm, layer_norm_backward, layer_norm_forward
 from .functional.linear import linear, linear_backward, linear_forward
 from .functional.matmul import matmul, matmul_backward, matmul_forward
+from .functional.rotary import (rotary_embedding, rotary_embedding_backward,
+                                rotary_embedding_forward)
 from .functional.softmax import (log_softmax, log_softmax_backward, log_softmax_forward,
                                  softmax, softmax_backward, softmax_forward)
 
@@ -61,4 +63,5 @@ __all__ = [
     "cross_entropy", "cross_entropy_forward", "cross_entropy_backward",
     "layer_norm", "layer_norm_forward", "layer_norm_backward",
     "gelu", "gelu_forward", "gelu_backward",
+    "rotary_embedding", "rotary_embedding_forward", "rotary_embedding_backward",
 ]

@@ -696,6 +696,51 @@ def gelu_backward_args(dout, x, approximate):
     return contiguous(dout), x, tanh_form
 
 
+# ---------------------------------------------------------------- rotary embedding
+
+def rotary_args(x, cos, sin, interleaved, name="x"):
+    """x (..., L, E) float with E even; cos, sin (L, E/2) of x's dtype; interleaved a bool.
+    ``name``: what x is called (``dout`` for the backward). Returns x, cos, sin C-contiguous
+    and the flag."""
+    x = float_array(name, x)
+    min_ndim(name, x, 2, "(..., L, E)")
+    length, width = x.shape[-2:]
+    if width % 2:
+        raise ValueError(f"{name} must have an even last dim E (pairs of entries are rotated); "
+                         f"got shape {x.shape}")
+    tables = []
+    for table_name, table in (("cos", cos), ("sin", sin)):
+        table = float_array(table_name, table)
+        same_dtype(table_name, table, name, x)
+        exact_shape(table_name, table, (length, width // 2),
+                    f"(L, E/2) to match {name} (..., {length}, {width})")
+        tables.append(table)
+    x, cos, sin = contiguous(x, *tables)
+    return x, cos, sin, flag("interleaved", interleaved)
+
+
+def rotary_backward_args(dout, cos, sin, interleaved):
+    return rotary_args(dout, cos, sin, interleaved, name="dout")
+
+
+def rotary_positions(name, x, dim, offset, max_len, owner):
+    """A RotaryEmbedding's input (..., L, dim) at positions offset .. offset + L − 1 of its
+    tables: checks the shape and offset + L <= max_len; returns offset as an int."""
+    min_ndim(name, x, 2, f"(..., L, {dim})")
+    if x.shape[-1] != dim:
+        raise ValueError(f"{name} must have shape (..., L, {dim}) to match {owner}'s dim; got "
+                         f"{x.shape}")
+    offset = int_value("offset", offset, "an int >= 0")
+    if offset < 0:
+        raise ValueError(f"offset must be an int >= 0; got {offset}")
+    length = x.shape[-2]
+    if offset + length > max_len:
+        raise ValueError(f"offset + L must be at most max_len = {max_len} ({name} has L = "
+                         f"{length} positions, dim -2); got offset = {offset}, offset + L = "
+                         f"{offset + length}")
+    return offset
+
+
 # ---------------------------------------------------------------- models (npattn.models)
 
 def token_ids(name, value, vocab_size, block_size=None):

@@ -584,3 +584,35 @@ def gelu_backward(dout, x, approximate="none"):
     cdf, pdf = _gelu_parts(x, approximate)
     with np.errstate(invalid="ignore"):
         return dout * (cdf + np.where(pdf == 0, 0.0, x * pdf))
+
+
+# ------------------------------------------------------------------------- rotary embedding
+
+def _rotary_pairs(x, interleaved):
+    """(a, b): the two entries of each pair along the last axis, as views."""
+    if interleaved:
+        return x[..., 0::2], x[..., 1::2]                    # (x[2k], x[2k + 1])
+    h = x.shape[-1] // 2
+    return x[..., :h], x[..., h:]                            # (x[k], x[k + E/2])
+
+
+def rotary_embedding_forward(x, cos, sin, interleaved=False):
+    """RoPE: each pair (a, b) at position l rotated by θ[l, k]: a·cos θ − b·sin θ and
+    b·cos θ + a·sin θ. Halves (GPT-NeoX, LLaMA) or adjacent pairs (``interleaved``, GPT-J).
+    Shapes: x (..., L, E) · cos, sin (L, E/2) -> (..., L, E)
+    """
+    x = np.asarray(x)
+    a, b = _rotary_pairs(x, interleaved)
+    out = np.empty(x.shape, np.result_type(x, cos, sin))
+    out_a, out_b = _rotary_pairs(out, interleaved)
+    out_a[...] = a * cos - b * sin
+    out_b[...] = b * cos + a * sin
+    return out
+
+
+def rotary_embedding_backward(dout, cos, sin, interleaved=False):
+    """dx = rotation of dout by −θ (the transpose of the rotation): g_a·cos θ + g_b·sin θ and
+    g_b·cos θ − g_a·sin θ. cos and sin get no gradient.
+    Shapes: dout (..., L, E) · cos, sin (L, E/2) -> dx (..., L, E)
+    """
+    return rotary_embedding_forward(dout, cos, -np.asarray(sin), interleaved)

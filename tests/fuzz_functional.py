@@ -865,3 +865,34 @@ def gen_gelu(case, fn, backward):
             close(result, want, dt, np.abs(dout) * (1 + np.abs(x)))
 
     case.run(fn, check)
+
+
+def gen_rotary(case, fn, backward):
+    dt = case.dtype()
+    lead = case.draw(shapes(max_ndim=2, max_dim=4), "lead")
+    length, h = case.draw(sizes(), "L"), case.draw(sizes(), "E/2")
+    shape = lead + (length, 2 * h)
+    name = "dout" if backward else "x"
+    case.group = [name, "cos", "sin"]
+    x = case.add(name, case.array(shape, dt, name=name))
+    case.options[name] = float_options(case, x, anchored=DTYPE, bad_shapes=[
+        (2 * h,), lead + (length, 2 * h + 1), lead + (length + 1, 2 * h)])
+    theta = case.rng.uniform(-10.0, 10.0, (length, h))
+    for table, values in (("cos", np.cos(theta)), ("sin", np.sin(theta))):
+        arr = case.add(table, lay_out(np.ascontiguousarray(values, dt), case.draw(
+            st.sampled_from(LAYOUTS), f"{table} layout"), case.rng))
+        case.options[table] = float_options(case, arr, anchored=DTYPE, bad_shapes=[
+            (length, h + 1), (1, length, h), (h,)])
+    case.add("interleaved", case.draw(st.booleans(), "interleaved"), flag_options(),
+             keyword=case.draw(st.booleans(), "interleaved="))
+    case.mutate()
+
+    def check(result, a):
+        x, c, s = f64(a[name]), f64(a["cos"]), f64(a["sin"])
+        expect(result, x.shape, dtype_of(a[name]))
+        op = reference.rotary_embedding_backward if backward else reference.rotary_embedding_forward
+        close(result, op(x, c, s, bool(a["interleaved"])), dtype_of(a[name]),
+              np.abs(x).max(initial=0))
+
+    case.run(fn, check)
+

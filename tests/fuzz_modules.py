@@ -573,6 +573,56 @@ def gen_gelu_module(case, cls):
     case.run(module.backward, check_backward)
 
 
+def gen_rotary_module(case, cls):
+    dim, max_len = 2 * case.draw(st.integers(1, 4), "dim/2"), case.draw(st.integers(0, 6),
+                                                                          "max_len")
+    case.add("dim", dim, size_options(dim, 2) + [("odd", dim + 1, True)])
+    case.add("max_len", max_len, size_options(max_len))
+    case.add("base", case.draw(st.sampled_from([10000.0, 10.0]), "base"), [
+        ("0.0", 0.0, True), ("-1.0", -1.0, True), ("nan", math.nan, True), ("inf", math.inf, True),
+        ("'1e4'", "1e4", True), ("None", None, True), ("an int", 500, False)])
+    case.add("interleaved", case.draw(st.booleans(), "interleaved"), flag_options())
+    module_dtype(case)
+    module = construct(case, cls)
+    if module is None:
+        return
+    dt = module.cos.dtype
+    backward_first(case, module, np.zeros((1, module.dim), dt))
+    case.stage()
+    lead = case.draw(shapes(max_ndim=2, max_dim=3), "lead")
+    offset = case.draw(st.integers(0, module.max_len), "offset")
+    length = case.draw(st.integers(0, module.max_len - offset), "L")
+    x = case.add("x", case.array(lead + (length, module.dim), dt, name="x"))
+    case.options["x"] = float_options(case, x, anchored=True, bad_shapes=[
+        (module.dim,), lead + (length, module.dim + 2),
+        lead + (module.max_len - offset + 1, module.dim)])
+    case.add("offset", offset, [("-1", -1, True), ("1.0", 1.0, True), ("None", None, True),
+                                ("'0'", "0", True), ("True", True, True),
+                                ("past max_len", module.max_len - length + 1, True),
+                                ("np.int64", np.int64(offset), False)],
+             keyword=case.draw(st.booleans(), "offset="))
+    case.mutate()
+
+    def check_forward(y, a):
+        x = f64(a["x"])
+        expect(y, x.shape, dt)
+        rows = slice(int(a["offset"]), int(a["offset"]) + x.shape[-2])
+        close(y, reference.rotary_embedding_forward(x, f64(module.cos[rows]),
+                                                    f64(module.sin[rows]), module.interleaved),
+              dt, np.abs(x).max(initial=0))
+
+    y = case.run(module, check_forward)
+    if y is None:
+        return
+    case.stage()
+    dout = case.add("dout", case.values(y.shape, dt))
+    case.options["dout"] = float_options(case, dout, anchored=True, bad_shapes=[
+        y.shape[:-1] + (y.shape[-1] + 2,), y.shape[:-2] + (y.shape[-2] + 1, y.shape[-1]),
+        (module.dim,)])
+    case.mutate()
+    case.run(module.backward, lambda dx, a: expect(dx, y.shape, dt))
+
+
 def gen_module_list(case, cls):
     """The constructor with right and wrong ``modules``; then the list operations, PyTorch's
     names in state_dict, and the container's missing forward and backward."""

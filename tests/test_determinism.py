@@ -62,6 +62,14 @@ for dtype in (np.float32, np.float64):
     for approximate in ("none", "tanh"):   # 3·37·129 elements: several prange blocks
         g = npattn.gelu(x, approximate)
         outs += [g, npattn.gelu_backward(ln, x, approximate)]
+    # rotary embedding, both layouts: many blocks (the parallel kernel) and one (its twin)
+    theta = rng.uniform(-9, 9, (37, 64))
+    cos, sin = np.cos(theta).astype(dtype), np.sin(theta).astype(dtype)
+    for interleaved in (False, True):
+        for xr in (x[..., :128], x[:1, :2, :128]):
+            r = npattn.rotary_embedding(xr, cos[:xr.shape[-2]], sin[:xr.shape[-2]], interleaved)
+            outs += [r, npattn.rotary_embedding_backward(xr, cos[:xr.shape[-2]],
+                                                         sin[:xr.shape[-2]], interleaved)]
     # work small enough for the serial twins (one row: small_dot, layer norm, gelu) next to
     # the parallel kernels above
     row = x[0, :1]

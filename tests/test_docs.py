@@ -65,7 +65,7 @@ def test_every_functional_backward_is_derived():
 
 def test_sections_are_all_there():
     headings = re.findall(r"^## (\d+)\. ", doc_text(), flags=re.M)
-    assert headings == [str(i) for i in range(1, 15)], headings
+    assert headings == [str(i) for i in range(1, 16)], headings
 
 
 # ------------------------------------------------------------------------- helpers
@@ -615,3 +615,49 @@ def test_gpt_backward_chain(seed, b, t, heads):
             return gpt_forward(dict(p, **{name: w}), idx, targets, heads)[0]
         np.testing.assert_allclose(grad, central_differences(loss_of, p[name].copy()),
                                    **FD_TOL, err_msg=name)
+
+
+# ------------------------------------------------------------------------- section 15
+
+def rotation_matrix(theta):
+    """R(θ) = [[cos θ, −sin θ], [sin θ, cos θ]] for every angle: (..., 2, 2) (section 15)."""
+    c, s = np.cos(theta), np.sin(theta)
+    return np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2)
+
+
+@given(seed=seeds, lead=st.lists(small, max_size=2), length=small, h=small,
+       interleaved=st.booleans())
+def test_rotary_backward_is_the_rotation_by_minus_theta(seed, lead, length, h, interleaved):
+    """Section 15: the forward is R(θ) on each pair; the backward, R(θ)ᵀ = R(−θ) on dout's
+    pair, equals the textbook and central differences; and R(θ_i)q·R(θ_j)k = qᵀ·R(θ_j − θ_i)·k."""
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(-10, 10, (length, h))
+    cos, sin = np.cos(theta), np.sin(theta)
+    x, dout = rng.standard_normal((2, *lead, length, 2 * h))
+    pair = [slice(0, None, 2), slice(1, None, 2)] if interleaved else [slice(0, h), slice(h, None)]
+
+    def pairs(v):                                              # (..., L, h, 2): (a, b)
+        return np.stack([v[..., pair[0]], v[..., pair[1]]], -1)
+
+    def unpairs(p):
+        out = np.empty(p.shape[:-2] + (2 * h,))
+        out[..., pair[0]], out[..., pair[1]] = p[..., 0], p[..., 1]
+        return out
+
+    rot = rotation_matrix(theta)                               # (L, h, 2, 2)
+    out = unpairs(np.einsum("lkij,...lkj->...lki", rot, pairs(x)))
+    np.testing.assert_allclose(reference.rotary_embedding_forward(x, cos, sin, interleaved),
+                               out, **TOL)
+    dx = unpairs(np.einsum("lkji,...lkj->...lki", rot, pairs(dout)))       # R(θ)ᵀ·g
+    np.testing.assert_allclose(dx, unpairs(np.einsum("lkij,...lkj->...lki",
+                                                     rotation_matrix(-theta), pairs(dout))),
+                               **TOL)                                      # = R(−θ)·g
+    np.testing.assert_allclose(reference.rotary_embedding_backward(dout, cos, sin, interleaved),
+                               dx, **TOL)
+    loss = dot_with(dout, lambda v: reference.rotary_embedding_forward(v, cos, sin, interleaved))
+    np.testing.assert_allclose(dx, central_differences(loss, x.copy()), **FD_TOL)
+    q, k = rng.standard_normal((2, 2))                         # one pair, two positions
+    i, j = rng.uniform(-10, 10, 2)
+    np.testing.assert_allclose((rotation_matrix(i) @ q) @ (rotation_matrix(j) @ k),
+                               q @ rotation_matrix(j - i) @ k, **TOL)
+

@@ -107,6 +107,9 @@ FUNCTIONAL = {  # name -> (generator, its options); the callable is getattr(npat
     "gelu": (gen_gelu, dict(backward=False)),
     "gelu_forward": (gen_gelu, dict(backward=False)),
     "gelu_backward": (gen_gelu, dict(backward=True)),
+    "rotary_embedding": (gen_rotary, dict(backward=False)),
+    "rotary_embedding_forward": (gen_rotary, dict(backward=False)),
+    "rotary_embedding_backward": (gen_rotary, dict(backward=True)),
 }
 OTHERS = {  # name -> (generator, the class or function it exercises)
     "nn.Module": (gen_module_base, nn.Module),
@@ -120,6 +123,7 @@ OTHERS = {  # name -> (generator, the class or function it exercises)
     "nn.PositionalEncoding": (gen_positional_encoding, nn.PositionalEncoding),
     "nn.LayerNorm": (gen_layer_norm_module, nn.LayerNorm),
     "nn.GELU": (gen_gelu_module, nn.GELU),
+    "nn.RotaryEmbedding": (gen_rotary_module, nn.RotaryEmbedding),
     "nn.ModuleList": (gen_module_list, nn.ModuleList),
     "optim.LambdaLR": (gen_lr_scheduler, optim.LambdaLR),
     "optim.LinearLR": (gen_lr_scheduler, optim.LinearLR),

@@ -55,7 +55,7 @@ FMA_ONLY = {*(f"micro_{mr}x{nr}" for mr, nr in tiles.TILES.values()),
             "series_f32", "series_f64", "tanh_slope_f32", "tanh_slope_f64", "softcap_scores",
             "softcap_tile"}
 # exact_kernel: no fastmath at all, so that every copy of the code gives the same bits
-EXACT = {"adam_block", "alibi_row", "alibi_panel"}
+EXACT = {"adam_block", "alibi_row", "alibi_panel", "rotate_halves_row", "rotate_pairs_row"}
 
 
 def test_fastmath_never_assumes_finite_math():
@@ -273,6 +273,11 @@ def _twin_cases(dtype, rng):
         yield gelu_forward_kernel, lambda s=size: (f(s) * 4, False, np.empty(s, dtype)), (2,)
         yield gelu_backward_kernel, lambda s=size: (f(s), f(s) * 4, True,
                                                     np.empty(s, dtype)), (3,)
+    from npattn.kernels.rotary import rotary_kernel
+    for rows, length, width in [(3, 3, 8), (64, 16, 64), (150, 50, 66)]:
+        for interleaved, inverse in [(False, False), (True, True)]:
+            yield rotary_kernel, lambda r=rows, n=length, w=width, i=interleaved, v=inverse: (
+                f(r, w), f(n, w // 2), f(n, w // 2), i, v, np.empty((r, w), dtype)), (5,)
     t = dtype.type
     for size in [100, 16384, 40000]:
         yield adam_kernel, lambda s=size: (f(s), f(s), f(s), np.abs(f(s)), np.abs(f(s)),

@@ -699,7 +699,8 @@ def test_reassigning_a_buffer_keeps_it_a_buffer():
 
 @pytest.mark.parametrize("module", [
     nn.Linear(2, 3), nn.Dropout(), nn.SelfAttention(2, 2), nn.MultiheadAttention(2, 1),
-    nn.Embedding(3, 2), nn.PositionalEncoding(2, 4), nn.LayerNorm(2), nn.GELU()],
+    nn.Embedding(3, 2), nn.PositionalEncoding(2, 4), nn.LayerNorm(2), nn.GELU(),
+    nn.RotaryEmbedding(2, 4)],
     ids=lambda m: type(m).__name__)
 def test_backward_before_forward_is_a_runtime_error(module):
     with pytest.raises(RuntimeError, match=f"{type(module).__name__}.backward was called before "
@@ -734,6 +735,9 @@ def test_backward_before_forward_is_a_runtime_error(module):
     (lambda: nn.LayerNorm(4, elementwise_affine=None), TypeError, ["elementwise_affine"]),
     (lambda: nn.GELU("exact"), ValueError, ["approximate", "('none', 'tanh')", "'exact'"]),
     (lambda: nn.GELU(None), ValueError, ["approximate", "None"]),
+    (lambda: nn.RotaryEmbedding(5, 8), ValueError, ["dim", "even", "5"]),
+    (lambda: nn.RotaryEmbedding(4, 8, base=-1), ValueError, ["base", "> 0", "-1"]),
+    (lambda: nn.RotaryEmbedding(4, 8, interleaved="no"), TypeError, ["interleaved", "bool"]),
     (lambda: nn.ModuleList([nn.Linear(2, 2), 3]), TypeError, ["modules[1]", "Module", "int"]),
     (lambda: nn.ModuleList(nn.Linear(2, 2)), TypeError, ["modules", "iterable", "Linear"]),
     (lambda: nn.ModuleList(5), TypeError, ["modules", "iterable", "int"]),
@@ -766,6 +770,9 @@ F32 = np.ones((2, 3, 4), np.float32)
     (nn.LayerNorm(5), (F32,), {}, ValueError, ["x", "(..., 5)", "(2, 3, 4)"]),
     (nn.LayerNorm(4), (F32.astype(np.float64),), {}, TypeError, ["x", "float32", "float64"]),
     (nn.GELU(), (np.ones(3, np.int32),), {}, TypeError, ["x", "int32"]),
+    (nn.RotaryEmbedding(4, 2), (F32,), {}, ValueError, ["offset + L", "max_len = 2", "3"]),
+    (nn.RotaryEmbedding(4, 8), (F32,), dict(offset=6), ValueError, ["offset", "9"]),
+    (nn.RotaryEmbedding(6, 8), (F32,), {}, ValueError, ["x", "(..., L, 6)", "(2, 3, 4)"]),
 ], ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else None)
 def test_forward_rejects_bad_arguments(module, args, kwargs, error, words):
     with pytest.raises(error) as info:
@@ -781,6 +788,7 @@ def test_forward_rejects_bad_arguments(module, args, kwargs, error, words):
     (nn.Embedding(5, 4), np.array([[1, 2, 3]]), F32, ["dout", "(1, 3, 4)", "(2, 3, 4)"]),
     (nn.LayerNorm(4), F32, F32[0], ["dout", "(2, 3, 4)", "(3, 4)"]),
     (nn.GELU(), F32, F32[0], ["dout", "(2, 3, 4)", "(3, 4)"]),
+    (nn.RotaryEmbedding(4, 8), F32, F32[:, :2], ["dout", "(..., 3, 4)", "(2, 2, 4)"]),
 ], ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else None)
 def test_backward_rejects_a_mismatched_dout(module, x, bad, words):
     module(x)

@@ -1,5 +1,5 @@
 """Numerics at the edges: what softmax, log_softmax, cross_entropy, attention (forward and
-backward), layer_norm and gelu give for logits of ±1e30, rows whose every entry is -inf, rows with a
+backward), layer_norm, gelu and rotary_embedding give for logits of ±1e30, rows whose every entry is -inf, rows with a
 single finite entry, denormal inputs, float32 values whose float32 sum would overflow, and NaN.
 
 Each test checks the result the op's docstring states ("Edge cases"): exactly where it is exact
@@ -18,6 +18,7 @@ from npattn.functional.attention import (LSE_EXACT, attention, attention_backwar
                                          scaled_dot_product_attention_forward)
 from npattn.functional.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npattn.functional.gelu import gelu_backward, gelu_forward
+from npattn.functional.rotary import rotary_embedding_backward, rotary_embedding_forward
 from npattn.functional.layer_norm import layer_norm_backward, layer_norm_forward
 from npattn.functional.softmax import (log_softmax_backward, log_softmax_forward,
                                        softmax_backward, softmax_forward)
@@ -689,3 +690,75 @@ def test_gelu_of_denormals_is_half_x(dtype, approximate, seed):
     assert_close(y, reference.gelu_forward(f64(x)[0], approximate), dtype=dtype, scale=0.0)
     assert np.array_equal(np.signbit(y), np.signbit(x))
     assert np.all(gelu_backward(np.ones_like(x), x, approximate) == 0.5)
+
+
+# ------------------------------------------------------------------ rotary embedding
+
+def rope_tables(rng, length, h, dtype):
+    theta = rng.uniform(-20, 20, (length, h))
+    theta[0] = 0.0                                       # position 0: cos 1, sin 0 exactly
+    return np.cos(theta).astype(dtype), np.sin(theta).astype(dtype)
+
+
+@given(dtype=dtypes, interleaved=st.booleans(), seed=seeds,
+       size=st.sampled_from([1e30, 1e20, 1e-20]))
+def test_rotary_of_huge_and_tiny_values_stays_finite_and_rotates(dtype, interleaved, seed, size):
+    """|x| up to 1e30 in float32 (its products with cos, sin ≤ 1 cannot overflow, their sum at
+    most doubles): finite, within rounding of the float64 rotation; position 0 is x itself;
+    the backward undoes the forward."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((3, 5, 8)) * size).astype(dtype)
+    cos, sin = rope_tables(rng, 5, 4, dtype)
+    y = rotary_embedding_forward(x, cos, sin, interleaved)
+    assert np.all(np.isfinite(y))
+    np.testing.assert_array_equal(y[:, 0], x[:, 0])
+    scale = np.abs(f64(x)[0]).max()
+    assert_close(y, reference.rotary_embedding_forward(*f64(x, cos, sin), interleaved),
+                 dtype=dtype, n=2, scale=scale)
+    assert_close(rotary_embedding_backward(y, cos, sin, interleaved), f64(x)[0], dtype=dtype,
+                 n=6, scale=scale)
+
+
+@given(dtype=dtypes, interleaved=st.booleans(), seed=seeds,
+       poison=st.sampled_from([np.nan, np.inf, -np.inf]))
+def test_rotary_nan_and_inf_reach_their_pair_only(dtype, interleaved, seed, poison):
+    """A pair is rotated on its own: a NaN or ±inf entry changes its pair's two outputs and no
+    other (bitwise). A NaN gives NaN in both; an infinity gives ±inf, or NaN where its factor
+    is 0 -- the partner's output at position 0 (inf·sin 0), IEEE's inf·0 as in PyTorch."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 4, 6)).astype(dtype)
+    cos, sin = rope_tables(rng, 4, 3, dtype)
+    dirty = x.copy()
+    n, pos, k = 1, int(rng.integers(4)), int(rng.integers(3))
+    slots = [2 * k, 2 * k + 1] if interleaved else [k, k + 3]
+    dirty[n, pos, slots[0]] = poison
+    touched = np.zeros(x.shape, bool)
+    touched[n, pos, slots] = True
+    for op in (rotary_embedding_forward, rotary_embedding_backward):
+        y, clean = op(dirty, cos, sin, interleaved), op(x, cos, sin, interleaved)
+        np.testing.assert_array_equal(y[~touched], clean[~touched])
+        want = op(*f64(dirty, cos, sin), interleaved)[n, pos, slots]     # IEEE, in float64
+        got = y[n, pos, slots]
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert np.array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+        if np.isnan(poison):
+            assert np.all(np.isnan(got))
+        elif pos == 0:
+            assert np.isinf(got[0]) and np.isnan(got[1])                 # inf·1, inf·0
+        else:
+            assert np.all(np.isinf(got))
+
+
+@given(dtype=dtypes, interleaved=st.booleans(), seed=seeds)
+def test_rotary_of_denormals_is_not_flushed(dtype, interleaved, seed):
+    """Subnormal entries are rotated as the float64 formula rounds them (no flush to zero):
+    position 0 gives them back unchanged, other positions within rounding of the reference."""
+    rng = np.random.default_rng(seed)
+    x = (rng.uniform(-1, 1, (2, 3, 4)) * DENORMAL[np.dtype(dtype)]).astype(dtype)
+    cos, sin = rope_tables(rng, 3, 2, dtype)
+    y = rotary_embedding_forward(x, cos, sin, interleaved)
+    np.testing.assert_array_equal(y[:, 0], x[:, 0])
+    assert np.any(y[:, 1:] != 0)
+    assert_close(y, reference.rotary_embedding_forward(*f64(x, cos, sin), interleaved),
+                 dtype=dtype, n=2, scale=DENORMAL[np.dtype(dtype)])
+

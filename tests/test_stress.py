@@ -143,6 +143,14 @@ def make_calls(rng, scale=0, dtype=np.float32):
         xg = normal((5, 900 + s))                  # more than one prange block (4096)
         calls["gelu"] = lambda: (npattn.gelu(xg), npattn.gelu_backward(xg, xg),
                                  npattn.gelu(xg, "tanh"), npattn.gelu_backward(xg, xg, "tanh"))
+    if hasattr(npattn, "rotary_embedding"):
+        theta = rng.standard_normal((9 + s, 16))
+        cr, sr = np.cos(theta).astype(dt), np.sin(theta).astype(dt)
+        xr, xr1 = normal((40, 9 + s, 32)), normal((2, 9 + s, 32))   # many blocks, one block
+        calls["rotary_embedding"] = lambda: (
+            npattn.rotary_embedding(xr, cr, sr), npattn.rotary_embedding_backward(xr, cr, sr),
+            npattn.rotary_embedding(xr1, cr, sr, True),
+            npattn.rotary_embedding_backward(xr1, cr, sr, True))
     return calls
 
 

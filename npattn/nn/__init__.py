@@ -13,7 +13,8 @@ from .embedding import Embedding, PositionalEncoding
 from .linear import Linear
 from .module import Module, ModuleList, Parameter, Sequential
 from .normalization import LayerNorm
+from .rotary import RotaryEmbedding
 
 __all__ = ["Module", "Parameter", "Sequential", "ModuleList", "init", "Linear", "Dropout",
            "SelfAttention", "MultiheadAttention", "Embedding", "PositionalEncoding", "LayerNorm",
-           "GELU", "utils"]
+           "GELU", "RotaryEmbedding", "utils"]

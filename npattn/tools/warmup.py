@@ -211,6 +211,17 @@ def _gelu(dtype, rng):
             backward(y, x, approximate)
 
 
+def _rotary(dtype, rng):
+    forward = _op("rotary_embedding", "rotary")
+    backward = _op("rotary_embedding_backward", "rotary")
+    theta = rng.standard_normal((20, 32))
+    cos, sin = np.cos(theta).astype(dtype), np.sin(theta).astype(dtype)
+    for lead in ((1,), (8,)):                  # one block (the serial twin), then several
+        x = rng.standard_normal(lead + (20, 64)).astype(dtype)
+        for interleaved in (False, True):      # a flag, not a signature
+            backward(forward(x, cos, sin, interleaved), cos, sin, interleaved)
+
+
 def _kv_cache(dtype, rng):
     # the decode kernel (kernels/decode.py): one signature per dtype, whatever the options --
     # new entries or none, causal or not, GQA, one chunk per head or several
@@ -251,6 +262,7 @@ STEPS = [("scaled_dot_product_attention", "scaled_dot_product_attention", "atten
          ("cross_entropy", "cross_entropy", "cross_entropy", _cross_entropy),
          ("dropout", "dropout", "dropout", _dropout),
          ("gelu", "gelu", "gelu", _gelu),
+         ("rotary_embedding", "rotary_embedding", "rotary", _rotary),
          ("attention with a KV cache", "scaled_dot_product_attention_with_kv_cache",
           "attention", _kv_cache),
          ("Adam, AdamW", "AdamW", "optim", _adam),
