@@ -46,6 +46,11 @@ for dtype in (np.float32, np.float64):
     outs += [o, lse, *npattn.scaled_dot_product_attention_backward(o, q, k, v, o, lse,
                                                                    mask_grad=True, **kw)]
     outs += list(npattn.attention(q[0, :2], k[0], v[0], is_causal=True))
+    # soft cap (scores far from and near the cap: both forms of tanh) and sinks, with a window
+    kw = dict(is_causal=True, enable_gqa=True, window=(100, 0), softcap=1.5,
+              sinks=rng.standard_normal(4).astype(dtype))
+    o, lse = npattn.scaled_dot_product_attention_forward(q, k, v, **kw)
+    outs += [o, lse, *npattn.scaled_dot_product_attention_backward(o, q, k, v, o, lse, **kw)]
     # embedding's scatter-add with many repeats, cross-entropy and layer norm over many rows
     table = rng.standard_normal((50, 33)).astype(dtype)
     idx = rng.integers(0, 50, (40, 70))
