@@ -293,15 +293,16 @@ def dropout_args(x, p, seed, training):
 ALIGNMENTS = ("top-left", "bottom-right")
 
 
-def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names):
+def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names, head_dim=-3):
     """The flag enable_gqa, after checking that query's ``heads`` may read ``kv_heads`` key and
     value heads: equal, or a multiple of them with enable_gqa (or kv_heads 1, which
-    broadcasts). ``names``: how the messages call the kv heads' owners, possessive and plain."""
+    broadcasts). ``names``: how the messages call the kv heads' owners, possessive and plain;
+    ``head_dim`` the heads' dim in query."""
     enable_gqa = flag("enable_gqa", enable_gqa)
     if heads != kv_heads:
         if kv_heads == 0 or heads % kv_heads:
-            raise ValueError(f"query's heads (dim -3) must be a multiple of {names[0]}; got "
-                             f"query {query.shape}, {key_name} {key.shape}")
+            raise ValueError(f"query's heads (dim {head_dim}) must be a multiple of "
+                             f"{names[0]}; got query {query.shape}, {key_name} {key.shape}")
         if not enable_gqa and kv_heads != 1:
             raise ValueError(f"query has {heads} heads and {names[1]} {kv_heads}: pass "
                              f"enable_gqa=True for grouped-query attention; got query "
@@ -460,15 +461,8 @@ def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_cau
     if value.shape[:2] != key.shape[:2]:
         raise ValueError(f"value must have shape ({total_k}, {kv_heads}, Ev) to match key "
                          f"{key.shape}; got {value.shape}")
-    enable_gqa = flag("enable_gqa", enable_gqa)
-    if heads != kv_heads:
-        if kv_heads == 0 or heads % kv_heads:
-            raise ValueError(f"query's heads (dim 1) must be a multiple of key's and value's; "
-                             f"got query {query.shape}, key {key.shape}")
-        if not enable_gqa and kv_heads != 1:
-            raise ValueError(f"query has {heads} heads and key/value {kv_heads}: pass "
-                             f"enable_gqa=True for grouped-query attention; got query "
-                             f"{query.shape}, key {key.shape}")
+    enable_gqa = gqa_heads(heads, kv_heads, enable_gqa, query, "key", key,
+                           ("key's and value's", "key/value"), head_dim=1)
     cu_q = cu_seqlens_value("cu_seqlens_q", cu_seqlens_q, total_q, "query")
     cu_k = cu_seqlens_value("cu_seqlens_k", cu_seqlens_k, total_k, "key")
     if cu_k.shape != cu_q.shape:

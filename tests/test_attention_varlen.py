@@ -64,7 +64,8 @@ class VarlenCase:
                 f"v {self.value.shape}, cu_q={self.cu_q.tolist()}, cu_k={self.cu_k.tolist()}, "
                 f"dropout_p={self.dropout_p}, seed={self.seed}, causal={self.is_causal}, "
                 f"{self.causal_alignment}, scale={self.scale}, gqa={self.enable_gqa}, "
-                f"window={self.window}, alibi={None if self.alibi_slopes is None else self.alibi_slopes.shape})")
+                f"window={self.window}, alibi="
+                f"{None if self.alibi_slopes is None else self.alibi_slopes.shape})")
 
     def _repr_pretty_(self, printer, cycle):
         printer.text(repr(self))
