@@ -273,3 +273,79 @@ def option_forward_backward(torch, length, option):
                                    "times NumPy's)"},
                          (f"npattn causal attention fwd+bwd without {option}, the same shapes",
                           ours()))
+
+
+# ---------------------------------------------------------------- packed variable-length batches
+
+VARLEN = [(16, 64, 1024)]       # sequences, shortest, longest
+VARLEN_QUICK = [(4, 16, 128)]
+NOTE_VARLEN = ("varlen: sequences of lengths drawn once (seed 0) in [shortest, longest], "
+               "self-attention, H = 8, D = 64; PyTorch runs the padded batch (B = sequences, "
+               "L = the longest) with a bool padding mask, and only the valid rows are kept; "
+               "GFLOP/s nominal: forward 4·H·D·Σ L_s², forward+backward 3.5× that")
+
+
+def _varlen_setup(torch, n_seq, shortest, longest):
+    lengths = np.random.default_rng(0).integers(shortest, longest + 1, n_seq)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total, top = int(cu[-1]), int(lengths.max())
+    q, k, v, dout = (randn(total, H, D) for _ in range(4))             # packed (total, H, D)
+
+    def padded(x):                                                    # (n_seq, H, Lmax, D)
+        out = np.zeros((n_seq, H, top, D), np.float32)
+        for s in range(n_seq):
+            out[s, :, :lengths[s]] = x[cu[s]:cu[s + 1]].transpose(1, 0, 2)
+        return out
+
+    flops = 4 * H * D * float(np.sum(lengths.astype(np.float64) ** 2))
+    torch_fns = None
+    if torch:
+        valid = torch.from_numpy(np.arange(top)[None, :] < lengths[:, None])   # (n_seq, Lmax)
+        mask = valid[:, None, None, :]                                # keys: (n_seq, 1, 1, S)
+
+        def packed(t):                                                # -> (total, H, D)
+            return torch.cat([t[s, :, :lengths[s]].transpose(0, 1) for s in range(n_seq)])
+
+        def forward(q_, k_, v_):
+            return torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask)
+
+        torch_fns = (forward, packed, [padded(x) for x in (q, k, v, dout)])
+    return q, k, v, dout, cu, flops, torch_fns
+
+
+def _varlen_bench(kind, n_seq, shortest, longest, flops, impls_):
+    return Bench(f"attention {kind} varlen {n_seq} sequences of {shortest}..{longest} "
+                 f"{shape((H, D))}", flops=flops, impls=impls_, notes=[NOTE_VARLEN])
+
+
+@case("attention-variants", sizes=VARLEN, quick=VARLEN_QUICK)
+def varlen_forward(torch, n_seq, shortest, longest):
+    q, k, v, _, cu, flops, torch_fns = _varlen_setup(torch, n_seq, shortest, longest)
+    ours = lambda: npattn.scaled_dot_product_attention_varlen(q, k, v, cu, cu)   # noqa: E731
+    theirs = None
+    if torch_fns:
+        forward, packed, (tq, tk, tv, _) = torch_fns
+        call = torch_forward(torch, forward, tq, tk, tv)
+        theirs = lambda: packed(call())                               # noqa: E731
+    return _varlen_bench("fwd", n_seq, shortest, longest, flops,
+                         impls(npattn=ours, numpy=None, torch=theirs))
+
+
+@case("attention-variants", sizes=VARLEN, quick=VARLEN_QUICK)
+def varlen_forward_backward(torch, n_seq, shortest, longest):
+    q, k, v, dout, cu, flops, torch_fns = _varlen_setup(torch, n_seq, shortest, longest)
+
+    def ours():
+        out, lse = npattn.scaled_dot_product_attention_varlen_forward(q, k, v, cu, cu)
+        return out, npattn.scaled_dot_product_attention_varlen_backward(dout, q, k, v, out, lse,
+                                                                        cu, cu)
+    theirs = None
+    if torch_fns:
+        forward, packed, (tq, tk, tv, tdout) = torch_fns
+        call = torch_forward_backward(torch, forward, tdout, tq, tk, tv)
+
+        def theirs():
+            out, grads = call()
+            return packed(out), tuple(packed(g) for g in grads)
+    return _varlen_bench("fwd+bwd", n_seq, shortest, longest, 3.5 * flops,
+                         impls(npattn=ours, numpy=None, torch=theirs))

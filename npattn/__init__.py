@@ -18,6 +18,9 @@ from .functional.attention import (attention, attention_backward, attention_forw
                                    scaled_dot_product_attention,
                                    scaled_dot_product_attention_backward,
                                    scaled_dot_product_attention_forward,
+                                   scaled_dot_product_attention_varlen,
+                                   scaled_dot_product_attention_varlen_backward,
+                                   scaled_dot_product_attention_varlen_forward,
                                    scaled_dot_product_attention_with_kv_cache)
 from .functional.cross_entropy import (cross_entropy, cross_entropy_backward,
                                        cross_entropy_forward)
@@ -58,6 +61,8 @@ __all__ = [
     "dropout", "dropout_forward", "dropout_backward", "dropout_mask",
     "scaled_dot_product_attention", "scaled_dot_product_attention_forward",
     "scaled_dot_product_attention_backward", "scaled_dot_product_attention_with_kv_cache",
+    "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_forward",
+    "scaled_dot_product_attention_varlen_backward",
     "attention", "attention_forward", "attention_backward",
     "embedding", "embedding_forward", "embedding_backward",
     "cross_entropy", "cross_entropy_forward", "cross_entropy_backward",

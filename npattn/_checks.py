@@ -293,15 +293,16 @@ def dropout_args(x, p, seed, training):
 ALIGNMENTS = ("top-left", "bottom-right")
 
 
-def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names):
+def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names, head_dim=-3):
     """The flag enable_gqa, after checking that query's ``heads`` may read ``kv_heads`` key and
     value heads: equal, or a multiple of them with enable_gqa (or kv_heads 1, which
-    broadcasts). ``names``: how the messages call the kv heads' owners, possessive and plain."""
+    broadcasts). ``names``: how the messages call the kv heads' owners, possessive and plain;
+    ``head_dim`` the heads' dim in query."""
     enable_gqa = flag("enable_gqa", enable_gqa)
     if heads != kv_heads:
         if kv_heads == 0 or heads % kv_heads:
-            raise ValueError(f"query's heads (dim -3) must be a multiple of {names[0]}; got "
-                             f"query {query.shape}, {key_name} {key.shape}")
+            raise ValueError(f"query's heads (dim {head_dim}) must be a multiple of "
+                             f"{names[0]}; got query {query.shape}, {key_name} {key.shape}")
         if not enable_gqa and kv_heads != 1:
             raise ValueError(f"query has {heads} heads and {names[1]} {kv_heads}: pass "
                              f"enable_gqa=True for grouped-query attention; got query "
@@ -417,6 +418,89 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
         seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
         window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
         out_ndim=max(query.ndim, key.ndim, value.ndim))
+
+
+def cu_seqlens_value(name, value, total, owner):
+    """The prefix sums of a packed batch's sequence lengths (flash-attn's ``cu_seqlens``): a 1-D
+    int32 or int64 array of n_seq + 1 >= 1 entries, starting at 0, non-decreasing and ending at
+    ``total`` (``owner``'s rows); returned as C-contiguous int64."""
+    arr = index_array(name, value, "a 1-D int32 or int64 array")
+    if arr.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise TypeError(f"{name} must have dtype int32 or int64; got {arr.dtype}")
+    if arr.ndim != 1 or arr.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D, (n_seq + 1,) with n_seq >= 0; got shape "
+                         f"{arr.shape}")
+    if arr[0] != 0:
+        raise ValueError(f"{name} must start at 0; got {arr[0]} at position 0")
+    down = np.flatnonzero(arr[1:] < arr[:-1])
+    if down.size:
+        i = int(down[0])
+        raise ValueError(f"{name} must be non-decreasing (prefix sums of lengths); got "
+                         f"{arr[i]} then {arr[i + 1]} at positions {i}, {i + 1}")
+    if arr[-1] != total:
+        raise ValueError(f"{name} must end at {total}, the rows of {owner} (dim 0); got "
+                         f"{arr[-1]}")
+    return as_int64(arr)
+
+
+#: scaled_dot_product_attention_varlen's arguments, checked (varlen_args): ``attention`` the
+#: AttentionArgs of the packed stacks query (H, total_q, E), key (Hkv, total_k, E), value
+#: (Hkv, total_k, Ev) -- C-contiguous copies, one sequence after another along dim 1 --
+#: whose alibi_slopes are (H,) or (n_seq, H); cu_q, cu_k the cu_seqlens as int64.
+VarlenArgs = collections.namedtuple("VarlenArgs", "attention cu_q cu_k")
+
+
+def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_causal, scale,
+                enable_gqa, seed, causal_alignment, window, alibi_slopes, softcap=None,
+                sinks=None):
+    """Everything scaled_dot_product_attention_varlen takes, checked; returns a VarlenArgs.
+
+    query (total_q, H, E), key (total_k, Hkv, E), value (total_k, Hkv, Ev) of one float dtype
+    (flash-attn's packed layout); H = Hkv, or a multiple of it with enable_gqa (or Hkv = 1);
+    cu_seqlens_q, cu_seqlens_k: see cu_seqlens_value, one entry more than sequences each;
+    alibi_slopes (H,) or (n_seq, H) of the query dtype; the rest (softcap, sinks (H,) too) as
+    attention_args.
+    """
+    query = float_array("query", query)
+    key = float_array("key", key)
+    value = float_array("value", value)
+    same_dtype("key", key, "query", query)
+    same_dtype("value", value, "query", query)
+    for name, x, form in (("query", query, "(total_q, H, E)"), ("key", key, "(total_k, Hkv, E)"),
+                          ("value", value, "(total_k, Hkv, Ev)")):
+        if x.ndim != 3:
+            raise ValueError(f"{name} must have shape {form} (packed sequences); got shape "
+                             f"{x.shape}")
+    total_q, heads, width = query.shape
+    total_k, kv_heads = key.shape[:2]
+    if key.shape[2] != width:
+        raise ValueError(f"key must have shape (total_k, Hkv, {width}) to match query "
+                         f"(total_q, H, {width}); got {key.shape}")
+    if value.shape[:2] != key.shape[:2]:
+        raise ValueError(f"value must have shape ({total_k}, {kv_heads}, Ev) to match key "
+                         f"{key.shape}; got {value.shape}")
+    enable_gqa = gqa_heads(heads, kv_heads, enable_gqa, query, "key", key,
+                           ("key's and value's", "key/value"), head_dim=1)
+    cu_q = cu_seqlens_value("cu_seqlens_q", cu_seqlens_q, total_q, "query")
+    cu_k = cu_seqlens_value("cu_seqlens_k", cu_seqlens_k, total_k, "key")
+    if cu_k.shape != cu_q.shape:
+        raise ValueError(f"cu_seqlens_k must have one entry per sequence of cu_seqlens_q, "
+                         f"shape {cu_q.shape}; got {cu_k.shape}")
+    n_seq = cu_q.shape[0] - 1
+    if alibi_slopes is not None:
+        alibi_slopes = converted("alibi_slopes", alibi_slopes, f"a {query.dtype} array")
+        if alibi_slopes.dtype != query.dtype:
+            raise TypeError(f"alibi_slopes must have dtype {query.dtype}, as query; got "
+                            f"{alibi_slopes.dtype}")
+        if alibi_slopes.shape not in ((heads,), (n_seq, heads)):
+            raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or (n_seq, H) = "
+                             f"({n_seq}, {heads}); got {alibi_slopes.shape}")
+        alibi_slopes = contiguous(alibi_slopes)
+    args = attention_args(query.transpose(1, 0, 2), key.transpose(1, 0, 2),
+                          value.transpose(1, 0, 2), None, dropout_p, is_causal, scale,
+                          enable_gqa, seed, causal_alignment, "attn_mask", window, None,
+                          softcap, sinks)
+    return VarlenArgs(args._replace(alibi_slopes=alibi_slopes), cu_q, cu_k)
 
 
 def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_causal, scale,

@@ -368,6 +368,85 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     return (dquery, dkey, dvalue, dmask, *dsinks)
 
 
+def _varlen_sequences(query, cu_seqlens_q, cu_seqlens_k, keep, alibi_slopes):
+    """Per sequence s of a packed batch: its query rows and keys (slices), its dropout
+    keep-mask (H, L_s, S_s) -- the next H·L_s·S_s entries of the flat ``keep`` -- and its
+    slopes."""
+    heads, base = query.shape[1], 0
+    for s in range(len(cu_seqlens_q) - 1):
+        rows = slice(int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1]))
+        keys = slice(int(cu_seqlens_k[s]), int(cu_seqlens_k[s + 1]))
+        n = heads * (rows.stop - rows.start) * (keys.stop - keys.start)
+        keep_s = None if keep is None else keep[base:base + n].reshape(
+            heads, rows.stop - rows.start, keys.stop - keys.start)
+        base += n
+        slopes = (alibi_slopes if alibi_slopes is None or np.ndim(alibi_slopes) == 1
+                  else alibi_slopes[s])
+        yield rows, keys, keep_s, slopes
+
+
+def scaled_dot_product_attention_varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                                                keep=None, dropout_p=0.0, is_causal=False,
+                                                scale=None, enable_gqa=False,
+                                                causal_alignment="top-left", window=None,
+                                                alibi_slopes=None, softcap=None, sinks=None):
+    """A packed batch of sequences (flash-attn's varlen layout): each sequence s is
+    scaled_dot_product_attention_forward on its own rows cu_seqlens_q[s] .. cu_seqlens_q[s+1]
+    and keys cu_seqlens_k[s] .. cu_seqlens_k[s+1] (heads as dim -3), the results put back.
+    ``keep``: the flat keep-mask (H·Σ_s L_s·S_s,), the sequences' (H, L_s, S_s) masks one
+    after the other, or None. A sequence without keys: zero output, logsumexp -inf (with
+    ``sinks``, (H,): the sink).
+    Shapes: query (total_q, H, E) · key (total_k, Hkv, E) · value (total_k, Hkv, Ev),
+    cu_seqlens (n_seq + 1,), alibi_slopes (H,) or (n_seq, H) -> output (total_q, H, Ev),
+    logsumexp (H, total_q)
+    """
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    output = np.zeros(query.shape[:2] + value.shape[2:])
+    logsumexp = np.full(query.shape[1::-1], -np.inf)
+    for rows, keys, keep_s, slopes in _varlen_sequences(query, cu_seqlens_q, cu_seqlens_k,
+                                                        keep, alibi_slopes):
+        if rows.stop == rows.start or (keys.stop == keys.start and sinks is None):
+            continue                                     # (no keys: zeros and -inf)
+        out_s, lse_s = scaled_dot_product_attention_forward(
+            query[rows].transpose(1, 0, 2), key[keys].transpose(1, 0, 2),
+            value[keys].transpose(1, 0, 2), None, keep_s, dropout_p, is_causal, scale,
+            enable_gqa, causal_alignment, window, slopes, softcap, sinks)
+        output[rows] = out_s.transpose(1, 0, 2)
+        logsumexp[:, rows] = lse_s
+    return output, logsumexp
+
+
+def scaled_dot_product_attention_varlen_backward(dout, query, key, value, cu_seqlens_q,
+                                                 cu_seqlens_k, keep=None, dropout_p=0.0,
+                                                 is_causal=False, scale=None,
+                                                 enable_gqa=False, causal_alignment="top-left",
+                                                 window=None, alibi_slopes=None, softcap=None,
+                                                 sinks=None):
+    """Gradients ``(dquery, dkey, dvalue)`` of scaled_dot_product_attention_varlen_forward:
+    scaled_dot_product_attention_backward per sequence, put back in its rows (and, with
+    ``sinks``, dsinks (H,): the sequences' summed).
+    Shapes: dout (total_q, H, Ev) and forward's arguments -> the shapes of query, key, value
+    """
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    dquery, dkey, dvalue = np.zeros(query.shape), np.zeros(key.shape), np.zeros(value.shape)
+    dsinks = np.zeros(query.shape[1])
+    for rows, keys, keep_s, slopes in _varlen_sequences(query, cu_seqlens_q, cu_seqlens_k,
+                                                        keep, alibi_slopes):
+        if rows.stop == rows.start or keys.stop == keys.start:
+            continue                                     # (no weights: zero gradients)
+        dq, dk, dv, _, *dsinks_s = scaled_dot_product_attention_backward(
+            dout[rows].transpose(1, 0, 2), query[rows].transpose(1, 0, 2),
+            key[keys].transpose(1, 0, 2), value[keys].transpose(1, 0, 2), None, keep_s,
+            dropout_p, is_causal, scale, enable_gqa, causal_alignment, window, slopes,
+            softcap, sinks)
+        dquery[rows], dkey[keys], dvalue[keys] = (g.transpose(1, 0, 2) for g in (dq, dk, dv))
+        if dsinks_s:
+            dsinks += dsinks_s[0]
+    if sinks is None:
+        return dquery, dkey, dvalue
+    return dquery, dkey, dvalue, dsinks
+
+
 def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, cache_length,
                                                key=None, value=None, is_causal=False,
                                                scale=None, enable_gqa=False):

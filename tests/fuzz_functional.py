@@ -201,6 +201,47 @@ def mask_shape(case, full):
                  for n in full[len(full) - keep:])
 
 
+def attention_options(case):
+    """The options every attention call takes -- dropout_p, seed, is_causal, scale,
+    causal_alignment, window -- drawn and added to case as keywords."""
+    p = case.draw(st.sampled_from([0.0, 0.0, 0.0, 0.3, 1.0]), "dropout_p")
+    seed = case.draw(st.integers(0, 2**64 - 1), "seed") if p > 0 or case.draw(
+        st.booleans(), "seed given") else None
+    case.add("dropout_p", p, probability_options(), keyword=True)
+    case.add("seed", seed, seed_options(none_ok=p == 0), keyword=True)
+    case.add("is_causal", case.draw(st.booleans(), "is_causal"), flag_options(), keyword=True)
+    scale = case.draw(st.one_of(st.none(), st.floats(-2, 2)), "scale")
+    case.add("scale", scale, [("'2'", "2", True), ("True", True, True), ("1j", 1j, True),
+                              ("np.array(1.0)", np.array(1.0), True), ("10**400", 10**400, True),
+                              ("None", None, False), ("np.float32(0.5)", np.float32(0.5), False),
+                              ("0", 0, False), ("Fraction(1, 2)", fractions.Fraction(1, 2), False)],
+             keyword=True)
+    case.add("causal_alignment", case.draw(st.sampled_from(["top-left", "bottom-right"]), "align"),
+             choice_options(["top-left", "bottom-right"]), keyword=True)
+    side = st.none() | st.integers(0, 8)
+    case.add("window", case.draw(st.none() | st.tuples(side, side), "window"),
+             [("(-1, 2)", (-1, 2), True), ("(1, -3)", (1, -3), True), ("3", 3, True),
+              ("(1, 2, 3)", (1, 2, 3), True), ("(1.5, 2)", (1.5, 2), True),
+              ("(True, 0)", (True, 0), True), ("'(1, 2)'", "(1, 2)", True),
+              ("(None, None)", (None, None), False), ("[0, 0]", [0, 0], False),
+              ("(np.int64(2), None)", (np.int64(2), None), False),
+              ("(10**30, 0)", (10**30, 0), False)], keyword=True)
+
+
+def softcap_and_sinks(case, heads, dt):
+    """softcap (maybe) and sinks (H,) (maybe), drawn and added to case as keywords."""
+    case.add("softcap", case.draw(st.none() | st.sampled_from([0.5, 30.0]), "softcap"),
+             [("0", 0, True), ("-1.0", -1.0, True), ("nan", math.nan, True),
+              ("inf", math.inf, True), ("'1'", "1", True), ("1j", 1j, True),
+              ("True", True, True), ("None", None, False), ("np.float32(2)", np.float32(2), False),
+              ("3", 3, False)], keyword=True)
+    if case.draw(st.booleans(), "sinks"):
+        sinks = case.values((heads,), dt)
+        case.add("sinks", sinks, float_options(
+            case, sinks, anchored=DTYPE, optional=True,
+            bad_shapes=[(heads + 1,), (1, heads)]), keyword=True)
+
+
 def attention_problem(case, sdpa):
     """Valid arguments of scaled_dot_product_attention (``sdpa``) or attention, added to case."""
     dt = case.dtype()
@@ -269,43 +310,13 @@ def attention_problem(case, sdpa):
     if len(v_shape) > 2:
         bad_v.append(v_shape[:-3] + (kv_heads + 1,) + v_shape[-2:])
     case.options["value"] = float_options(case, v, anchored=DTYPE, bad_shapes=bad_v)
-    p = case.draw(st.sampled_from([0.0, 0.0, 0.0, 0.3, 1.0]), "dropout_p")
-    seed = case.draw(st.integers(0, 2**64 - 1), "seed") if p > 0 or case.draw(
-        st.booleans(), "seed given") else None
-    case.add("dropout_p", p, probability_options(), keyword=True)
-    case.add("seed", seed, seed_options(none_ok=p == 0), keyword=True)
-    case.add("is_causal", case.draw(st.booleans(), "is_causal"), flag_options(), keyword=True)
-    scale = case.draw(st.one_of(st.none(), st.floats(-2, 2)), "scale")
-    case.add("scale", scale, [("'2'", "2", True), ("True", True, True), ("1j", 1j, True),
-                              ("np.array(1.0)", np.array(1.0), True), ("10**400", 10**400, True),
-                              ("None", None, False), ("np.float32(0.5)", np.float32(0.5), False),
-                              ("0", 0, False), ("Fraction(1, 2)", fractions.Fraction(1, 2), False)],
-             keyword=True)
-    case.add("causal_alignment", case.draw(st.sampled_from(["top-left", "bottom-right"]), "align"),
-             choice_options(["top-left", "bottom-right"]), keyword=True)
-    side = st.none() | st.integers(0, 8)
-    case.add("window", case.draw(st.none() | st.tuples(side, side), "window"),
-             [("(-1, 2)", (-1, 2), True), ("(1, -3)", (1, -3), True), ("3", 3, True),
-              ("(1, 2, 3)", (1, 2, 3), True), ("(1.5, 2)", (1.5, 2), True),
-              ("(True, 0)", (True, 0), True), ("'(1, 2)'", "(1, 2)", True),
-              ("(None, None)", (None, None), False), ("[0, 0]", [0, 0], False),
-              ("(np.int64(2), None)", (np.int64(2), None), False),
-              ("(10**30, 0)", (10**30, 0), False)], keyword=True)
+    attention_options(case)
     if case.draw(st.booleans(), "alibi"):
         slopes = case.values((heads,), dt)
         case.add("alibi_slopes", slopes, float_options(
             case, slopes, anchored=DTYPE, optional=True,
             bad_shapes=[(heads + 1,), (2, heads + 1)]), keyword=True)
-    case.add("softcap", case.draw(st.none() | st.sampled_from([0.5, 30.0]), "softcap"),
-             [("0", 0, True), ("-1.0", -1.0, True), ("nan", math.nan, True),
-              ("inf", math.inf, True), ("'1'", "1", True), ("1j", 1j, True),
-              ("True", True, True), ("None", None, False), ("np.float32(2)", np.float32(2), False),
-              ("3", 3, False)], keyword=True)
-    if case.draw(st.booleans(), "sinks"):
-        sinks = case.values((heads,), dt)
-        case.add("sinks", sinks, float_options(
-            case, sinks, anchored=DTYPE, optional=True,
-            bad_shapes=[(heads + 1,), (1, heads)]), keyword=True)
+    softcap_and_sinks(case, heads, dt)
     if sdpa:
         case.add("enable_gqa", heads_kind == "gqa" or case.draw(st.booleans(), "enable_gqa"),
                  flag_options(), keyword=True)
@@ -496,6 +507,124 @@ def gen_attention(case, fn, backward):
         big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
         check_gradients(result, a, (q, k, v, mask), want, dt, big)
 
+    case.run(fn, check, call=lambda f: f(**case.args))
+
+
+def cu_seqlens_options(cu):
+    """Replacements for a cu_seqlens (n_seq + 1,) of prefix sums ending at its total."""
+    total = int(cu[-1])
+    options = [(f"as {dt}", cast(cu, dt), True) for dt in ("float64", "int16", "uint64", "bool")]
+    options += [("None", None, True), ("a string", "abc", True), ("2-D", cu[None], True),
+                ("empty", np.zeros(0, np.int64), True), ("starting at 1", cu + 1, True),
+                ("ending past the total", np.append(cu[:-1], total + 1), True),
+                ("a list", cu.tolist(), False), ("as int32", cu.astype(np.int32), False)]
+    if len(cu) > 2 and cu[1] > 0:
+        options.append(("decreasing", np.concatenate([cu[:1], [total + 1], cu[1:]]), True))
+    return options
+
+
+def gen_varlen(case, fn, mode):
+    """scaled_dot_product_attention_varlen (mode "output"), _forward ("forward"), _backward
+    ("backward"): 0-4 packed sequences of 0-6 rows and keys, flash-attn's layout."""
+    dt = case.dtype()
+    heads_kind = case.draw(st.sampled_from(["same", "one", "gqa"]), "kv heads")
+    kv_heads = case.draw(st.integers(1, 2), "Hkv") if heads_kind == "gqa" else None
+    heads = kv_heads * case.draw(st.integers(2, 3), "group") if kv_heads else case.draw(
+        st.integers(1, 3), "H")
+    kv_heads = kv_heads or (heads if heads_kind == "same" else 1)
+    n_seq = case.draw(st.integers(0, 4), "n_seq")
+    lq = [case.draw(st.integers(0, 6), "L_s") for _ in range(n_seq)]
+    lk = lq if case.draw(st.booleans(), "S_s = L_s") else [
+        case.draw(st.integers(0, 6), "S_s") for _ in range(n_seq)]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n, dtype=np.int64)]).astype(np.int64)
+                  for n in (lq, lk))
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    width, vwidth = case.draw(sizes(), "E"), case.draw(sizes(), "Ev")
+    case.group = ["query", "key", "value", "dout", "output", "logsumexp", "alibi_slopes",
+                  "sinks"]
+    q = case.add("query", case.array((tq, heads, width), dt, name="query"))
+    k = case.add("key", case.array((tk, kv_heads, width), dt, name="key"))
+    v = case.add("value", case.array((tk, kv_heads, vwidth), dt, name="value"))
+    case.options["query"] = float_options(case, q, anchored=DTYPE, bad_shapes=[
+        (tq * width,), (tq, heads, width + 1), (1, tq, heads, width), (tq + 1, heads, width)])
+    case.options["key"] = float_options(case, k, anchored=DTYPE, bad_shapes=[
+        (tk, kv_heads, width + 2), (tk, heads + 1, width), (tk + 1, kv_heads, width)])
+    case.options["value"] = float_options(case, v, anchored=DTYPE, bad_shapes=[
+        (tk + 1, kv_heads, vwidth), (tk, kv_heads + 1, vwidth), (tk * vwidth,)])
+    case.add("cu_seqlens_q", cu_q, cu_seqlens_options(cu_q))
+    case.add("cu_seqlens_k", cu_k, cu_seqlens_options(cu_k))
+    attention_options(case)
+    if case.draw(st.booleans(), "alibi"):
+        shape = (heads,) if case.draw(st.booleans(), "slopes per head") else (n_seq, heads)
+        slopes = case.values(shape, dt)
+        case.add("alibi_slopes", slopes, float_options(
+            case, slopes, anchored=DTYPE, optional=True,
+            bad_shapes=[(heads + 1,), (n_seq + 1, heads)]), keyword=True)
+    softcap_and_sinks(case, heads, dt)
+    case.add("enable_gqa", heads_kind == "gqa" or case.draw(st.booleans(), "enable_gqa"),
+             flag_options(), keyword=True)
+    names = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "dropout_p", "is_causal",
+             "scale", "enable_gqa")
+    if mode == "backward":
+        a = case.args
+        out, lse = npattn.scaled_dot_product_attention_varlen_forward(
+            *(a[n] for n in names), seed=a["seed"], causal_alignment=a["causal_alignment"],
+            window=a["window"], alibi_slopes=a.get("alibi_slopes"), softcap=a["softcap"],
+            sinks=a.get("sinks"))
+        dout = case.values(out.shape, out.dtype)
+        case.add("dout", dout, float_options(case, dout, anchored=DTYPE, bad_shapes=[
+            out.shape[:-1] + (out.shape[-1] + 1,)]), keyword=True)
+        case.add("output", out, float_options(case, out, anchored=DTYPE,
+                                              bad_shapes=[(2,) + out.shape]), keyword=True)
+        case.add("logsumexp", lse, float_options(case, lse, anchored=DTYPE,
+                                                 bad_shapes=[lse.shape[::-1] + (1,)]),
+                 keyword=True)
+    case.mutate()
+    a = case.args
+    if "dropout_p" not in case.bad and a["seed"] is None and float(a["dropout_p"]) > 0:
+        case.bad.add("seed")                             # dropout needs a seed
+    if (a["enable_gqa"] is False and "enable_gqa" in case.changed and heads != kv_heads
+            and kv_heads != 1 and {"query", "key"}.isdisjoint(case.bad)):
+        case.bad.add("enable_gqa")                       # grouped-query heads need the flag
+
+    def check(result, a):
+        q, k, v = f64(a["query"]), f64(a["key"]), f64(a["value"])
+        cq, ck = np.asarray(a["cu_seqlens_q"]), np.asarray(a["cu_seqlens_k"])
+        dt = dtype_of(a["query"])
+        p = float(a["dropout_p"])
+        keep = None if p == 0 else npattn.dropout_mask(
+            (q.shape[1] * int(np.dot(np.diff(cq), np.diff(ck))),), p, a["seed"])
+        scale = (1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0) if a["scale"] is None \
+            else float(a["scale"])                       # E = 0: npattn's scale is 1
+        options = (keep, p, bool(a["is_causal"]), scale, bool(a["enable_gqa"]),
+                   a["causal_alignment"], window(a), alibi(a), softcap(a), sinks(a))
+        out, lse = reference.scaled_dot_product_attention_varlen_forward(q, k, v, cq, ck,
+                                                                         *options)
+        tol = 20.0 * attention_scale(a, q, k, v) * (k.shape[0] + 1)
+        if mode != "backward":
+            got_out, got_lse = (result, None) if mode == "output" else result
+            expect(got_out, out.shape, dt, "output")
+            if got_lse is not None:
+                expect(got_lse, lse.shape, dt, "logsumexp")
+            if case.finite:
+                close(got_out, out, dt, tol, "output")
+                if got_lse is not None:
+                    close(got_lse, lse, dt, tol, "logsumexp")
+            return
+        has_sinks = a.get("sinks") is not None
+        assert len(result) == 3 + has_sinks, f"{len(result)} gradients"
+        for g, x, what in zip(result, (q, k, v, sinks(a)), ("dquery", "dkey", "dvalue",
+                                                             "dsinks")):
+            expect(g, x.shape, dt, what)
+        if case.finite:
+            want = reference.scaled_dot_product_attention_varlen_backward(
+                f64(a["dout"]), q, k, v, cq, ck, *options)
+            big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[0], 1) * 10
+            for g, ref, what in zip(result, want, ("dquery", "dkey", "dvalue", "dsinks")):
+                close(g, ref, dt, big, what)
+
+    consistent = not (case.changed - {"query", "key", "value", "dout", "output", "logsumexp"})
+    case.finite = case.finite and consistent      # forward's output is for the drawn arguments
     case.run(fn, check, call=lambda f: f(**case.args))
 
 

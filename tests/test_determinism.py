@@ -51,6 +51,15 @@ for dtype in (np.float32, np.float64):
               sinks=rng.standard_normal(4).astype(dtype))
     o, lse = npattn.scaled_dot_product_attention_forward(q, k, v, **kw)
     outs += [o, lse, *npattn.scaled_dot_product_attention_backward(o, q, k, v, o, lse, **kw)]
+    # varlen: packed sequences of 0 .. 300 rows, the same heads
+    qp, kp, vp = (np.ascontiguousarray(a[0].transpose(1, 0, 2)) for a in (q, k, v))
+    cu_q, cu_k = np.array([0, 7, 7, 200, 300]), np.array([0, 130, 131, 400, 530])
+    vkw = dict(dropout_p=0.2, is_causal=True, enable_gqa=True, seed=5,
+               causal_alignment="bottom-right", window=(90, 3), softcap=1.5,
+               sinks=rng.standard_normal(4).astype(dtype))
+    o, lse = npattn.scaled_dot_product_attention_varlen_forward(qp, kp, vp, cu_q, cu_k, **vkw)
+    outs += [o, lse, *npattn.scaled_dot_product_attention_varlen_backward(
+        o, qp, kp, vp, o, lse, cu_q, cu_k, **vkw)]
     # embedding's scatter-add with many repeats, cross-entropy and layer norm over many rows
     table = rng.standard_normal((50, 33)).astype(dtype)
     idx = rng.integers(0, 50, (40, 70))

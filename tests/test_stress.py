@@ -61,6 +61,20 @@ def last_json(stdout):
 
 # ------------------------------------------------------------------ the workload
 
+def varlen_calls(q, k, v):
+    """The varlen forward and backward on q, k, v (B, heads, N, E) packed as sequences of
+    lengths 0 .. N: (output, logsumexp, dquery, dkey, dvalue)."""
+    import npattn
+    qp, kp, vp = (np.ascontiguousarray(a.transpose(0, 2, 1, 3).reshape(-1, *a.shape[1::2]))
+                  for a in (q, k, v))
+    cu_q = np.array([0, 1, qp.shape[0] // 2, qp.shape[0] - 1, qp.shape[0]])
+    cu_k = np.array([0, 0, kp.shape[0] // 3, kp.shape[0] - 5, kp.shape[0]])
+    kw = dict(is_causal=True, enable_gqa=True, dropout_p=0.1, seed=4)
+    o, lse = npattn.scaled_dot_product_attention_varlen_forward(qp, kp, vp, cu_q, cu_k, **kw)
+    return (o, lse, *npattn.scaled_dot_product_attention_varlen_backward(
+        o, qp, kp, vp, o, lse, cu_q, cu_k, **kw))
+
+
 def make_calls(rng, scale=0, dtype=np.float32):
     """{name: call} of the public ops, forward and backward, on small inputs drawn from
     ``rng``; each call returns a tuple of arrays. ``scale`` (0, 1, 2...) grows the shapes a
@@ -124,6 +138,8 @@ def make_calls(rng, scale=0, dtype=np.float32):
         "attention_backward float64 dropout": lambda: npattn.attention_backward(
             np.ones((3, 20, 8)), qd, kd, kd, dropout_p=0.1, seed=2),
     }
+    if hasattr(npattn, "scaled_dot_product_attention_varlen"):
+        calls["sdpa_varlen forward and backward"] = lambda: varlen_calls(q, k, v)
     if hasattr(npattn, "embedding"):
         table, idx = normal((50, 16)), rng.integers(0, 50, (4, 7 + s))
         calls["embedding"] = lambda: (npattn.embedding(idx, table),

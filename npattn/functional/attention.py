@@ -117,9 +117,13 @@ def _stack(x, batch, lead_ndim):
 Run = collections.namedtuple("Run", "kernels inputs scores dropout shape n_batch out_ndim")
 
 
-def _prepare(args):
+def _prepare(args, cu_seqlens=None):
     """The kernels' view of the checked arguments (an _checks.AttentionArgs): stacks, index
-    maps, mask planes, dropout stream -- a Run."""
+    maps, each batch's rows and keys, mask planes, dropout stream -- a Run. ``cu_seqlens``
+    (cu_q, cu_k), int64: a packed variable-length batch (varlen), whose args hold the stacks
+    (H, total, E) without batch dims; sequence s is then batch s of the engine, rows cu_q[s]
+    .. cu_q[s + 1] and keys cu_k[s] .. cu_k[s + 1] of them, its results those rows of one
+    result batch."""
     batch, heads = args.batch, args.heads
     lead = len(batch)
     q4, qi = _stack(args.query, batch, lead)                     # (Bq, H, L, E)
@@ -140,27 +144,46 @@ def _prepare(args):
         else:
             float_planes, kind = flat, FLOAT_MASK
     n_rows, n_keys = q4.shape[2], k4.shape[2]
+    n_batch = math.prod(batch)
+    if cu_seqlens is None:                                       # (B,) each
+        q_start = k_start = np.zeros(n_batch, np.int64)
+        q_len, k_len = np.full(n_batch, n_rows, np.int64), np.full(n_batch, n_keys, np.int64)
+        out_batch = np.arange(n_batch, dtype=np.int64)
+        slope_batch = batch
+    else:                                                        # (n_seq,) each
+        cu_q, cu_k = cu_seqlens
+        q_start, k_start = cu_q[:-1].copy(), cu_k[:-1].copy()
+        q_len, k_len = np.diff(cu_q), np.diff(cu_k)
+        qi = ki = vi = np.zeros(q_len.shape[0], np.int64)        # one stack
+        out_batch = np.zeros(q_len.shape[0], np.int64)
+        slope_batch = q_len.shape
     p = args.dropout_p
     left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in args.window)
     slopes, sinks = NO_HEAD_VALUES[dtype], NO_HEAD_VALUES[dtype]
     if args.alibi_slopes is not None:                            # (B·H,)
-        slopes = np.ascontiguousarray(np.broadcast_to(args.alibi_slopes, batch + (heads,)))
+        slopes = np.ascontiguousarray(np.broadcast_to(args.alibi_slopes,
+                                                      slope_batch + (heads,)))
         slopes = slopes.reshape(-1)
     if args.sinks is not None:                                   # (B·H,)
-        sinks = np.ascontiguousarray(np.broadcast_to(args.sinks, batch + (heads,))).reshape(-1)
+        sinks = np.ascontiguousarray(np.broadcast_to(args.sinks, slope_batch + (heads,)))
+        sinks = sinks.reshape(-1)
+    sizes = q_len * k_len                                        # dropout: (H, L_b, S_b) each
+    base = np.zeros_like(sizes)
+    np.cumsum(sizes[:-1], out=base[1:])
     scores = Scores(scale=args.scale, mask_kind=kind, bool_planes=bool_planes,
                     float_planes=float_planes, plane_of=plane_of, causal=args.is_causal,
-                    offset=n_keys - n_rows if args.bottom_right else 0,
+                    offset=k_len - q_len if args.bottom_right else np.zeros_like(q_len),
                     window_left=left, window_right=right,
                     alibi=args.alibi_slopes is not None, slopes=slopes,
                     softcap=0.0 if args.softcap is None else args.softcap,
                     sinks=args.sinks is not None, sink_logits=sinks)
     dropout = Dropout(stream=stream_key(args.seed),
                       threshold=keep_threshold(p) if p > 0 else np.uint64(0),
-                      scale=kept_scale(p, dtype))
-    return Run(kernels=engine("attention", dtype), inputs=Inputs(q4, k4, v4, qi, ki, vi),
+                      scale=kept_scale(p, dtype), base=base * heads)
+    return Run(kernels=engine("attention", dtype),
+               inputs=Inputs(q4, k4, v4, qi, ki, vi, q_start, q_len, k_start, k_len, out_batch),
                scores=scores, dropout=dropout, shape=batch + (heads, n_rows),
-               n_batch=math.prod(batch), out_ndim=args.out_ndim)
+               n_batch=n_batch, out_ndim=args.out_ndim)
 
 
 def _run_forward(run, store_weights):
@@ -174,17 +197,28 @@ def _run_forward(run, store_weights):
     row_sum = np.empty_like(lse)                                     # (B, H, L)
     weights = (np.empty((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_weights
                else np.empty((1, 1, 1, 1), q.dtype))               # (unused placeholder)
-    kernels = run.kernels
-    kernels.attention_forward_kernel(
+    run.kernels.attention_forward_kernel(
         run.inputs, run.scores, run.dropout,
         ForwardResults(out, lse, row_max, row_sum, weights, store_weights),
-        kernels.forward_block_rows(n_batch * heads, n_rows))
+        *_forward_blocks(run))
     if store_weights:                        # weights = exp(s - lse): renormalise where lse
         norm = _normalisers(lse, (row_max, row_sum))       # lost log l (exactly 1 elsewhere)
         far = norm != 1
         if far.any():
             weights[far] /= norm[far][:, None]
     return out, lse, (weights if store_weights else None), (row_max, row_sum)
+
+
+def _forward_blocks(run):
+    """(block_rows, n_qb) of attention_forward_kernel: rows per work item, by the batches'
+    mean length (kernels.forward_block_rows), and work items per head -- the query blocks of
+    the longest batch (a shorter batch's extra items do nothing)."""
+    q_len = run.inputs.q_len
+    n = q_len.shape[0]
+    if n == 0:
+        return run.kernels.FORWARD_BQ, 0
+    rows = run.kernels.forward_block_rows(n * run.inputs.q.shape[1], -(-int(q_len.sum()) // n))
+    return rows, -(-int(q_len.max()) // rows)
 
 
 def _normalisers(lse, stats):
@@ -226,8 +260,9 @@ def _splits(run):
     the threads busy when there are few heads. A function of the shapes only (never of the
     thread count), so the sums -- and bits -- are the same everywhere."""
     kernels = run.kernels
-    n_kb = -(-run.inputs.k.shape[2] // kernels.BK)
-    items = run.n_batch * run.inputs.k.shape[1]
+    k_len = run.inputs.k_len
+    n_kb = -(-int(k_len.max(initial=0)) // kernels.BK)          # (the longest batch's keys)
+    items = k_len.shape[0] * run.inputs.k.shape[1]
     return max(1, min(n_kb, -(-kernels.WORK_ITEMS // max(items, 1))))
 
 
@@ -431,6 +466,104 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
 
 
 attention_forward = attention
+
+
+def _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_causal, scale,
+                enable_gqa, seed, causal_alignment, window, alibi_slopes, softcap, sinks):
+    """The checked arguments of a varlen call (their AttentionArgs) and the engine's Run:
+    sequence s is batch s, in one stack per operand."""
+    args, cu_q, cu_k = _checks.varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                                           dropout_p, is_causal, scale, enable_gqa, seed,
+                                           causal_alignment, window, alibi_slopes, softcap,
+                                           sinks)
+    return args, _prepare(args, (cu_q, cu_k))
+
+
+def _packed(x):
+    """A stack (1, heads, total, W) of the engine as the packed (total, heads, W)."""
+    return np.ascontiguousarray(x[0].transpose(1, 0, 2))
+
+
+def scaled_dot_product_attention_varlen_forward(query, key, value, cu_seqlens_q,
+                                                cu_seqlens_k, dropout_p=0.0, is_causal=False,
+                                                scale=None, enable_gqa=False, *, seed=None,
+                                                causal_alignment="top-left", window=None,
+                                                alibi_slopes=None, softcap=None, sinks=None):
+    """``(output, logsumexp)`` of a packed batch of sequences of different lengths
+    (flash-attn's ``flash_attn_varlen_func`` layout).
+
+    Shapes: query (total_q, H, E) · key (total_k, Hkv, E) · value (total_k, Hkv, Ev) ·
+    cu_seqlens_q, cu_seqlens_k (n_seq + 1,) int32 or int64 -> output (total_q, H, Ev),
+    logsumexp (H, total_q)
+
+    Sequence s is query rows cu_seqlens_q[s] .. cu_seqlens_q[s + 1] against keys and values
+    cu_seqlens_k[s] .. cu_seqlens_k[s + 1]: exactly scaled_dot_product_attention_forward on
+    that sequence alone (heads as dim -3), its L_s queries and S_s keys counted from its own
+    start -- the causal diagonal (bottom-right: i + S_s - L_s), the window and ALiBi's
+    distance are per sequence; sequences never see each other and nothing is padded.
+    ``alibi_slopes`` (H,) or (n_seq, H); ``softcap`` and ``sinks`` (H,) as there. A sequence
+    without keys gives zero output rows and logsumexp -inf (its sink, with sinks). Dropout keeps weight (s, h, i, j) by ``dropout_mask((H·Σ_t L_t·S_t,),
+    dropout_p, seed)`` at base_s + (h·L_s + i)·S_s + j, base_s = H·Σ_{t<s} L_t·S_t -- the
+    sequences' (H, L_s, S_s) masks one after the other. No attention mask (as flash-attn).
+    """
+    args, run = _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p,
+                            is_causal, scale, enable_gqa, seed, causal_alignment, window,
+                            alibi_slopes, softcap, sinks)
+    out, lse, _, _ = _run_forward(run, store_weights=False)
+    return _packed(out), lse[0]
+
+
+def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                                        dropout_p=0.0, is_causal=False, scale=None,
+                                        enable_gqa=False, *, seed=None,
+                                        causal_alignment="top-left", window=None,
+                                        alibi_slopes=None, softcap=None, sinks=None):
+    """Attention over a packed batch of sequences of different lengths: the output of
+    scaled_dot_product_attention_varlen_forward (see there for the rules).
+
+    Shapes: query (total_q, H, E) · key (total_k, Hkv, E) · value (total_k, Hkv, Ev) ·
+    cu_seqlens_q, cu_seqlens_k (n_seq + 1,) -> output (total_q, H, Ev)
+    """
+    return scaled_dot_product_attention_varlen_forward(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_causal, scale,
+        enable_gqa, seed=seed, causal_alignment=causal_alignment, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)[0]
+
+
+def scaled_dot_product_attention_varlen_backward(dout, query, key, value, output, logsumexp,
+                                                 cu_seqlens_q, cu_seqlens_k, dropout_p=0.0,
+                                                 is_causal=False, scale=None,
+                                                 enable_gqa=False, *, seed=None,
+                                                 causal_alignment="top-left", window=None,
+                                                 alibi_slopes=None, softcap=None, sinks=None):
+    """Gradients ``(dquery, dkey, dvalue)`` of scaled_dot_product_attention_varlen, and
+    ``dsinks`` (H,) last when ``sinks`` is given.
+
+    Shapes: dout, output (total_q, H, Ev) · logsumexp (H, total_q) and forward's arguments
+    -> dquery (total_q, H, E), dkey (total_k, Hkv, E), dvalue (total_k, Hkv, Ev)
+
+    scaled_dot_product_attention_backward's formulas, per sequence; each block of weights is
+    rebuilt from ``logsumexp``, so forward's arguments (seed included) must be passed again.
+    """
+    args, run = _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p,
+                            is_causal, scale, enable_gqa, seed, causal_alignment, window,
+                            alibi_slopes, softcap, sinks)
+    heads, total_q = args.heads, args.query.shape[1]
+    packed = (total_q, heads, args.value.shape[2])
+    arrays = []
+    for name, x, shape in (("dout", dout, packed), ("output", output, packed),
+                           ("logsumexp", logsumexp, (heads, total_q))):
+        x = _checks.float_array(name, x)
+        _checks.same_dtype(name, x, "query", args.query)
+        _checks.exact_shape(name, x, shape, "to match forward's for these query, key and value")
+        arrays.append(_checks.contiguous(x.transpose(1, 0, 2) if x.ndim == 3 else x)[None])
+    dout, out, lse = arrays                            # (1, H, total_q, Ev) ×2, (1, H, total_q)
+    norm = _normalisers(lse, lambda: _run_forward(run, store_weights=False)[3])
+    dq, dk, dv, _ = _run_backward(run, dout, out, lse, norm, False)
+    grads = (_packed(dq), _packed(dk), _packed(dv))
+    if args.sinks is None:
+        return grads
+    return grads + (_sink_gradient(args.sinks, dout, out, lse, norm),)
 
 
 def decode_chunk(n_heads, n_keys):

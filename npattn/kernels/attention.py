@@ -48,8 +48,15 @@ outside those bounds in each forward panel, the backward tiles wholly outside th
 rows (keys) of backward's products that cannot see (be seen by) a key panel (query strip).
 
 Dropout: weight (b, h, i, j) is kept when
-``keep(dropout.stream, ((b·H + h)·L + i)·S + j, dropout.threshold)`` (``kernels/random.py``),
-in forward and again in backward -- no mask is stored.
+``keep(dropout.stream, dropout.base[b] + (h·L + i)·S + j, dropout.threshold)``
+(``kernels/random.py``; base[b] = b·H·L·S), in forward and again in backward -- no mask is
+stored.
+
+Ragged batches (varlen): batch b's queries, keys and results may be a run of rows of one
+packed stack -- rows q_start[b] .. of length q_len[b], keys k_start[b] .. of length k_len[b]
+(``Inputs``) -- and its diagonal offset is its own (``scores.offset[b]``). Each work item
+slices its batch's rows and keys once and runs the loops above on them, with L and S its
+batch's lengths: a dense call is the case of equal lengths, starts 0. No padding exists.
 
 Layouts. Forward computes the scores transposed, MR keys × NR queries per micro-kernel tile
 (a key strip times a query panel), written straight into ``pt`` (keys × NR queries): each tile
@@ -74,8 +81,8 @@ from numba import prange
 from .._jit import call_body, kernel, parallel_items
 from . import _gemm_micro, tiles
 from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, KeyBlock, QueryBlock, Scratch,
-                              alibi_panel, alibi_row, head_of, key_end, key_start,
-                              softcap_scores, softcap_tile)
+                              alibi_panel, alibi_row, batch_scores, head_of, key_end,
+                              key_start, softcap_scores, softcap_tile)
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .random import keep
 
@@ -344,34 +351,43 @@ def finish_weights(wh, i0, rows, begin, end, lseh, dropout, first):
 
 
 @kernel
-def forward_item(w, inputs, scores, dropout, results, block_rows):
+def forward_item(w, inputs, all_scores, dropout, results, block_rows, n_qb):
     # Work item w of attention_forward_kernel: query rows i0 .. i0 + rows of one head,
     # qh (L, E), kh (S, E), vh (S, Ev) -> oh (L, Ev), lseh (L,), the softmax's row max mh and
     # (pre-dropout) row sum lh (L,) with lse = m + log l, and, if store_weights, wh (L, S).
-    # `first` is the dropout index of weight (i, j) = (0, 0) of this head. The scores are
+    # `first` is the dropout index of weight (i, j) = (0, 0) of this head. Rows, keys and
+    # results are batch b's own (Inputs: q_start, q_len, k_start, k_len, out_batch); its query
+    # blocks are items t < its own count of the n_qb per head (the most of any batch): the
+    # rest do nothing. The scores are
     # computed transposed -- tiles of MR keys × NR queries, kᵀ-strip by q-panel -- so that each
     # tile row is a contiguous row of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the
     # softmax runs across queries. (One function with the loop's arguments: each level of
     # calls is optimised again where it is linked -- see _jit.ItemKernel.)
     q, k, v = inputs.q, inputs.k, inputs.v
     store_weights = results.store_weights
-    n_heads, n_rows = results.lse.shape[1], results.lse.shape[2]
-    n_qb = (n_rows + block_rows - 1) // block_rows
+    n_heads = results.lse.shape[1]
     bh = w // n_qb
     b = bh // n_heads
     h = bh % n_heads
+    n_rows = inputs.q_len[b]
+    n_blocks = (n_rows + block_rows - 1) // block_rows
     t = w % n_qb                                   # zig-zag: under causal masking block t
-    qb = t // 2 if t % 2 == 0 else n_qb - 1 - t // 2   # costs ~t, so pair cheap with dear
+    if t >= n_blocks:
+        return
+    qb = t // 2 if t % 2 == 0 else n_blocks - 1 - t // 2   # costs ~t: pair cheap with dear
     i0 = qb * block_rows
     rows = min(block_rows, n_rows - i0)
-    head = head_of(scores, bh)
+    head = head_of(all_scores, bh)
+    scores = batch_scores(all_scores, b)
     group = n_heads // k.shape[1]
-    qh = q[inputs.q_batch[b], h]
-    kh, vh = k[inputs.k_batch[b], h // group], v[inputs.v_batch[b], h // group]
-    oh, lseh = results.out[b, h], results.lse[b, h]
-    mh, lh = results.row_max[b, h], results.row_sum[b, h]
+    q0, k0, ob = inputs.q_start[b], inputs.k_start[b], inputs.out_batch[b]
+    q1, k1 = q0 + n_rows, k0 + inputs.k_len[b]
+    qh = q[inputs.q_batch[b], h, q0:q1]
+    kh, vh = k[inputs.k_batch[b], h // group, k0:k1], v[inputs.v_batch[b], h // group, k0:k1]
+    oh, lseh = results.out[ob, h, q0:q1], results.lse[ob, h, q0:q1]
+    mh, lh = results.row_max[ob, h, q0:q1], results.row_sum[ob, h, q0:q1]
     wh = results.weights[b if store_weights else 0, h if store_weights else 0]
-    first = bh * n_rows * k.shape[2]
+    first = dropout.base[b] + h * n_rows * (k1 - k0)
     n_keys_all, width = kh.shape
     n_vcols = vh.shape[1]
     ones = n_vcols                                         # the row of oᵀ that sums p
@@ -451,13 +467,13 @@ def forward_item(w, inputs, scores, dropout, results, block_rows):
 
 
 @parallel_items(forward_item)
-def attention_forward_kernel(item, inputs, scores, dropout, results, block_rows):
+def attention_forward_kernel(item, inputs, scores, dropout, results, block_rows, n_qb):
     # inputs, scores, dropout -> results (records: attention_state.py). Each work item
-    # (forward_item, passed as `item`) owns block_rows rows of one head (b, h).
-    n_batch, n_heads, n_rows = results.lse.shape
-    n_qb = (n_rows + block_rows - 1) // block_rows
+    # (forward_item, passed as `item`) owns block_rows rows of one head (b, h); n_qb items
+    # per head, the most query blocks of any batch (forward_blocks).
+    n_batch, n_heads = inputs.q_len.shape[0], results.lse.shape[1]
     for w in prange(n_batch * n_heads * n_qb):
-        call_body(item, (np.int64(w), inputs, scores, dropout, results, block_rows))
+        call_body(item, (np.int64(w), inputs, scores, dropout, results, block_rows, n_qb))
 
 
 @kernel
@@ -606,24 +622,28 @@ def pack_query_block(qh, doh, oh, lseh, normh, i0, rows, scale, qb):
 
 
 @kernel
-def backward_item(w, inputs, scores, dropout, saved, grads):
+def backward_item(w, inputs, all_scores, dropout, saved, grads):
     # Work item w of attention_backward_kernel: it owns dk, dv of its key blocks and
-    # dq_parts[split] of its heads
+    # dq_parts[split] of its heads, in batch b's own rows and keys (as forward_item)
     q, k, v = inputs.q, inputs.k, inputs.v
     lse, store_ds = saved.lse, grads.store_ds
     n_splits = grads.dq_parts.shape[0]
-    n_heads, n_rows = lse.shape[1], lse.shape[2]
+    n_heads = lse.shape[1]
     n_kv = k.shape[1]
-    n_keys_all, width = k.shape[2], k.shape[3]
+    width = k.shape[3]
     vwidth = v.shape[3]
     wcols = (width + MR - 1) // MR * MR                   # E and Ev rounded up to whole strips
     vcols = (vwidth + MR - 1) // MR * MR
     group = n_heads // n_kv
-    n_kb = (n_keys_all + BK - 1) // BK
     dtype = q.dtype
     b = w // (n_kv * n_splits)
     g = (w // n_splits) % n_kv
     split = w % n_splits
+    scores = batch_scores(all_scores, b)
+    n_rows, n_keys_all = inputs.q_len[b], inputs.k_len[b]
+    q0, k0, ob = inputs.q_start[b], inputs.k_start[b], inputs.out_batch[b]
+    q1, k1 = q0 + n_rows, k0 + n_keys_all
+    n_kb = (n_keys_all + BK - 1) // BK
     qb = QueryBlock(np.empty(BQ * width, dtype), np.empty(BQ * vwidth, dtype),
                     np.empty(wcols * BQ, dtype), np.empty(vcols * BQ, dtype),
                     np.empty(BQ, dtype), np.empty(BQ, dtype), np.empty(BQ, dtype))
@@ -631,10 +651,10 @@ def backward_item(w, inputs, scores, dropout, saved, grads):
                  np.empty((MR, NR), dtype), np.empty((MR, NR), dtype),
                  np.empty((MR, NR), np.bool_), np.empty(MR * NR, dtype),
                  np.empty(MR * NR, dtype), np.empty((MR, NR), dtype))
-    kb_all = k[inputs.k_batch[b], g]
-    vb_all = v[inputs.v_batch[b], g]
-    dkb = grads.dk[b, g]
-    dvb = grads.dv[b, g]
+    kb_all = k[inputs.k_batch[b], g, k0:k1]
+    vb_all = v[inputs.v_batch[b], g, k0:k1]
+    dkb = grads.dk[ob, g, k0:k1]
+    dvb = grads.dv[ob, g, k0:k1]
     n_own = (n_kb - split + n_splits - 1) // n_splits   # key blocks split, split + n_splits..
     kt = np.empty((n_own, (BK // NR) * width * NR), dtype)           # each packed once
     vt = np.empty((n_own, (BK // NR) * vwidth * NR), dtype)
@@ -650,10 +670,10 @@ def backward_item(w, inputs, scores, dropout, saved, grads):
     for o0 in range(0, n_own, CHUNK):             # CHUNK key blocks at a time stay in L2
         for h in range(g * group, (g + 1) * group):
             bh = b * n_heads + h
-            head = head_of(scores, bh)
-            qh = q[inputs.q_batch[b], h]
-            doh = saved.dout[b, h]
-            dqh = grads.dq_parts[split, b, h]
+            head = head_of(all_scores, bh)
+            qh = q[inputs.q_batch[b], h, q0:q1]
+            doh = saved.dout[ob, h, q0:q1]
+            dqh = grads.dq_parts[split, ob, h, q0:q1]
             dsh = grads.dscores[b if store_ds else 0, h if store_ds else 0]
             o1 = min(o0 + CHUNK, n_own)
             for i0 in range(0, n_rows, BQ):
@@ -663,16 +683,17 @@ def backward_item(w, inputs, scores, dropout, saved, grads):
                 if ((split + o0 * n_splits) * BK >= last
                         or (split + (o1 - 1) * n_splits) * BK + BK <= start):
                     continue
-                pack_query_block(qh, doh, saved.out[b, h], lse[b, h], saved.norm[b, h], i0,
-                                 rows, scores.scale, qb)
+                pack_query_block(qh, doh, saved.out[ob, h, q0:q1], lse[ob, h, q0:q1],
+                                 saved.norm[ob, h, q0:q1], i0, rows, scores.scale, qb)
                 for o in range(o0, o1):
                     j0 = (split + o * n_splits) * BK
                     if j0 >= last or j0 + BK <= start:
                         continue
                     backward_pair(qb, KeyBlock(kt[o], vt[o], kp[o]), i0, rows, j0,
                                   min(BK, n_keys_all - j0), n_keys_all, dqh, dkt[o], dvt[o],
-                                  scores, head, dropout, bh * n_rows * n_keys_all,
-                                  dsh, store_ds, sc)
+                                  scores, head, dropout,
+                                  dropout.base[b] + h * n_rows * n_keys_all, dsh, store_ds,
+                                  sc)
     scale = scores.scale
     for o in range(n_own):
         j0 = (split + o * n_splits) * BK
@@ -690,6 +711,6 @@ def attention_backward_kernel(item, inputs, scores, dropout, saved, grads):
     # work item (backward_item, passed as `item`) owns the dk and dv of its key blocks of one
     # (b, kv head) and dq_parts[split] of that head's query heads.
     n_splits = grads.dq_parts.shape[0]
-    n_batch, n_kv = saved.lse.shape[0], inputs.k.shape[1]
+    n_batch, n_kv = inputs.q_len.shape[0], inputs.k.shape[1]
     for w in prange(n_batch * n_kv * n_splits):
         call_body(item, (np.int64(w), inputs, scores, dropout, saved, grads))

@@ -16,16 +16,25 @@ key/value heads, L queries, S keys, E query/key width, Ev value width.
 from collections import namedtuple
 
 import numpy as np
+from numba.extending import overload
 
-from .._jit import exact_kernel, fma_kernel, kernel
+from .._jit import OVERLOAD_OPTIONS, exact_kernel, fma_kernel, kernel
 from .tanh import SMALL, series_native, tanh_slope_native
 
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
 #: The operands as stacks, and which stored batch each broadcast batch b reads:
 #: q (Bq, H, L, E), k (Bk, Hkv, S, E), v (Bv, Hkv, S, Ev); q_batch, k_batch, v_batch (B,)
-#: int64 -- broadcasting repeats indices, never data.
-Inputs = namedtuple("Inputs", "q k v q_batch k_batch v_batch")
+#: int64 -- broadcasting repeats indices, never data. Batch b's own rows and keys (all int64
+#: (B,)): its queries are rows q_start[b] .. q_start[b] + q_len[b] of its query stack, its keys
+#: rows k_start[b] .. k_start[b] + k_len[b] of its key and value stacks, and its results (and
+#: saved arrays and gradients) are those same rows of result batch out_batch[b]. Dense calls:
+#: every start 0, lengths L and S, out_batch[b] = b. A packed variable-length batch (varlen):
+#: B sequences in one stack (Bq = Bk = Bv = 1, L = total_q, S = total_k), the starts the
+#: prefix sums cu_seqlens, out_batch[b] = 0. Within a batch every index below (i, j, the
+#: window, the diagonal) counts from its own first row and key.
+Inputs = namedtuple("Inputs", "q k v q_batch k_batch v_batch q_start q_len k_start k_len "
+                              "out_batch")
 
 #: How a score s = (q·scale)·k is formed and modified before the softmax, and which keys take
 #: part. scale: a Python float (float64: q·scale and dk·scale are each rounded once, to the
@@ -50,10 +59,12 @@ Scores = namedtuple("Scores", "scale mask_kind bool_planes float_planes plane_of
 Head = namedtuple("Head", "bool_plane float_plane slope sink")
 
 #: Dropout of the weights: weight (b, h, i, j) is kept when
-#: ``random.keep(stream, ((b·H + h)·L + i)·S + j, threshold)``, and a kept one is multiplied by
-#: scale = 1 / (1 - p). threshold 0: no dropout. (``stream``: the counter-based generator's
-#: key, from the seed -- kernels/random.py.)
-Dropout = namedtuple("Dropout", "stream threshold scale")
+#: ``random.keep(stream, base[b] + (h·L_b + i)·S_b + j, threshold)`` (L_b, S_b: batch b's
+#: q_len and k_len), and a kept one is multiplied by scale = 1 / (1 - p). threshold 0: no
+#: dropout. base (B,) int64: H·Σ_{c<b} L_c·S_c, the masks (H, L_b, S_b) of the batches one
+#: after the other -- dense calls: b·H·L·S, so the index is ((b·H + h)·L + i)·S + j.
+#: (``stream``: the counter-based generator's key, from the seed -- kernels/random.py.)
+Dropout = namedtuple("Dropout", "stream threshold scale base")
 
 #: What the forward kernel writes: out (B, H, L, Ev); lse, row_max, row_sum (B, H, L) with
 #: lse = row_max + log row_sum (row_sum before dropout); weights (B, H, L, S) when
@@ -92,6 +103,22 @@ def key_end(scores, i):
     if scores.causal:
         end = min(end, diagonal + 1)
     return end
+
+
+def batch_scores(scores, b):
+    """scores as batch b's work items read it: offset is b's own, an int64 (scores.offset[b]),
+    every other field as it stands. (Compiled: the overload below, which lists the fields of
+    Scores whatever they are. This body runs without the JIT.)"""
+    return scores._replace(offset=scores.offset[b])
+
+
+@overload(batch_scores, jit_options=OVERLOAD_OPTIONS)
+def _batch_scores(scores, b):
+    fields = ", ".join("scores.offset[b]" if name == "offset" else f"scores.{name}"
+                       for name in Scores._fields)
+    namespace = {"Scores": Scores}
+    exec(f"def batch_scores(scores, b):\n    return Scores({fields})", namespace)
+    return namespace["batch_scores"]
 
 
 @kernel
