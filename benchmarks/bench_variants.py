@@ -46,6 +46,17 @@ NOTE = ("window GFLOP/s are nominal: forward 4·B·H·L·W'·D (W' the mean numb
         "sees), forward+backward 3.5× that")
 
 
+def fwd_bwd(q, k, v, dout, **fixed):
+    """ours(**kw): a call of npattn's forward then backward with the keywords fixed + kw."""
+    def ours(**kw):
+        def run():
+            out, lse = npattn.scaled_dot_product_attention_forward(q, k, v, **fixed, **kw)
+            return out, npattn.scaled_dot_product_attention_backward(
+                dout, q, k, v, out, lse, **fixed, **kw)
+        return run
+    return ours
+
+
 def window_mask(length, width):
     """(L, L) bool, True where query i sees key j: i - width < j <= i."""
     return npattn.reference.window_mask(length, length, (width - 1, 0))
@@ -101,12 +112,7 @@ def window_forward_backward(torch, length, width):
     q, k, v, visible, flops, window, sdpa = _setup(torch, length, width)
     dout = randn(B, H, length, D)
 
-    def ours(**kw):
-        def run():
-            out, lse = npattn.scaled_dot_product_attention_forward(q, k, v, **kw)
-            return out, npattn.scaled_dot_product_attention_backward(dout, q, k, v, out, lse,
-                                                                     **kw)
-        return run
+    ours = fwd_bwd(q, k, v, dout)
 
     def numpy():
         out, p = numpy_forward(q, k, v, visible)
@@ -160,12 +166,7 @@ def alibi_forward_backward(torch, length):
     q, k, v, slopes, mask, flops, sdpa = _alibi_setup(torch, length)
     dout = randn(B, H, length, D)
 
-    def ours(**kw):
-        def run():
-            out, lse = npattn.scaled_dot_product_attention_forward(q, k, v, is_causal=True, **kw)
-            return out, npattn.scaled_dot_product_attention_backward(
-                dout, q, k, v, out, lse, is_causal=True, **kw)
-        return run
+    ours = fwd_bwd(q, k, v, dout, is_causal=True)
 
     def numpy():
         out, p = numpy_forward(q, k, v, mask)
@@ -257,13 +258,7 @@ def option_forward_backward(torch, length, option):
     q, k, v, kw, extra, flops, formula = _option_setup(torch, length, option)
     dout = randn(B, H, length, D)
 
-    def ours(**options):
-        def run():
-            out, lse = npattn.scaled_dot_product_attention_forward(q, k, v, is_causal=True,
-                                                                   **options)
-            return out, npattn.scaled_dot_product_attention_backward(
-                dout, q, k, v, out, lse, is_causal=True, **options)
-        return run
+    ours = fwd_bwd(q, k, v, dout, is_causal=True)
 
     return _option_bench("fwd+bwd", length, option, 3.5 * flops,
                          impls(npattn=ours(**kw), numpy=None,

@@ -201,6 +201,16 @@ def mask_shape(case, full):
                  for n in full[len(full) - keep:])
 
 
+def add_scale(case):
+    """An attention call's scale (None or a real), drawn and added to case as a keyword."""
+    scale = case.draw(st.one_of(st.none(), st.floats(-2, 2)), "scale")
+    case.add("scale", scale, [("'2'", "2", True), ("True", True, True), ("1j", 1j, True),
+                              ("np.array(1.0)", np.array(1.0), True), ("10**400", 10**400, True),
+                              ("None", None, False), ("np.float32(0.5)", np.float32(0.5), False),
+                              ("0", 0, False), ("Fraction(1, 2)", fractions.Fraction(1, 2), False)],
+             keyword=True)
+
+
 def attention_options(case):
     """The options every attention call takes -- dropout_p, seed, is_causal, scale,
     causal_alignment, window -- drawn and added to case as keywords."""
@@ -210,12 +220,7 @@ def attention_options(case):
     case.add("dropout_p", p, probability_options(), keyword=True)
     case.add("seed", seed, seed_options(none_ok=p == 0), keyword=True)
     case.add("is_causal", case.draw(st.booleans(), "is_causal"), flag_options(), keyword=True)
-    scale = case.draw(st.one_of(st.none(), st.floats(-2, 2)), "scale")
-    case.add("scale", scale, [("'2'", "2", True), ("True", True, True), ("1j", 1j, True),
-                              ("np.array(1.0)", np.array(1.0), True), ("10**400", 10**400, True),
-                              ("None", None, False), ("np.float32(0.5)", np.float32(0.5), False),
-                              ("0", 0, False), ("Fraction(1, 2)", fractions.Fraction(1, 2), False)],
-             keyword=True)
+    add_scale(case)
     case.add("causal_alignment", case.draw(st.sampled_from(["top-left", "bottom-right"]), "align"),
              choice_options(["top-left", "bottom-right"]), keyword=True)
     side = st.none() | st.integers(0, 8)
@@ -716,12 +721,7 @@ def gen_kv_cache(case, fn):
         case.add("value", None, [("an array", case.values(v_shape, dt), True)],
                  keyword=keyword)
     case.add("is_causal", case.draw(st.booleans(), "is_causal"), flag_options(), keyword=True)
-    scale = case.draw(st.one_of(st.none(), st.floats(-2, 2)), "scale")
-    case.add("scale", scale, [("'2'", "2", True), ("True", True, True), ("1j", 1j, True),
-                              ("np.array(1.0)", np.array(1.0), True), ("10**400", 10**400, True),
-                              ("None", None, False), ("np.float32(0.5)", np.float32(0.5), False),
-                              ("0", 0, False), ("Fraction(1, 2)", fractions.Fraction(1, 2), False)],
-             keyword=True)
+    add_scale(case)
     case.add("enable_gqa", heads_kind == "gqa" or case.draw(st.booleans(), "enable_gqa"),
              flag_options(), keyword=True)
     case.mutate()

@@ -132,8 +132,9 @@ def _prepare(args, cu_seqlens=None):
     mask = args.mask
     dtype = q4.dtype
     bool_planes, float_planes, kind = NO_BOOL, NO_FLOAT[dtype], NO_MASK
-    plane_of = np.zeros(math.prod(batch) * heads, np.int64)      # (B·H,)
-    if mask is not None:
+    n_items = math.prod(batch) if cu_seqlens is None else cu_seqlens[0].shape[0] - 1
+    plane_of = np.zeros(n_items * heads, np.int64)               # (B·H,): B sequences (varlen)
+    if mask is not None:                                          # (never with varlen)
         shape = (1,) * (lead + 3 - mask.ndim) + mask.shape        # (*batch_m, Hm, Lm, Sm)
         stored = shape[:-2]
         flat = mask.reshape((math.prod(stored),) + shape[-2:])     # (Nm, Lm, Sm)
