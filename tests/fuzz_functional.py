@@ -397,10 +397,10 @@ def sinks(a):
     return None if a.get("sinks") is None else f64(a["sinks"])
 
 
-def check_gradients(grads, a, arrays, want, dt, big):
+def check_gradients(grads, a, arrays, options, dt, tol, finite):
     """grads in the functional order (dquery, dkey, dvalue[, dsinks][, dmask]): their count,
-    shapes and dtype, and, when ``want`` (the reference's (dquery, dkey, dvalue, dmask[,
-    dsinks])) is given, their values."""
+    shapes and dtype, and, when ``finite``, their values against the reference's backward of
+    the float64 arrays (q, k, v, mask) with options (keep, dropout_p, scale, enable_gqa)."""
     q, k, v, mask = arrays
     names = ["dquery", "dkey", "dvalue"] + ["dsinks"] * (a.get("sinks") is not None) + [
         "dmask"] * bool(a["mask_grad"])
@@ -409,8 +409,13 @@ def check_gradients(grads, a, arrays, want, dt, big):
                   dsinks=np.shape(a.get("sinks")), dmask=np.shape(mask))
     for g, what in zip(grads, names):
         expect(g, shapes[what], dt, what)
-    if want is not None:
+    if finite:
+        keep, p, scale, gqa = options
+        want = reference.scaled_dot_product_attention_backward(
+            f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa,
+            a["causal_alignment"], window(a), alibi(a), softcap(a), sinks(a))
         want = dict(zip(("dquery", "dkey", "dvalue", "dmask", "dsinks"), want))
+        big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
         for g, what in zip(grads, names):
             close(g, want[what], dt, big, what)
 
@@ -467,12 +472,8 @@ def gen_sdpa(case, fn, mode):
                 close(got_out, out, dt, tol, "output")
                 close(got_lse, lse, dt, tol, "logsumexp")
             return
-        want = reference.scaled_dot_product_attention_backward(
-            f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, gqa,
-            a["causal_alignment"], window(a), alibi(a), softcap(a), sinks(a)) if case.finite \
-            else None
-        big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
-        check_gradients(result, a, (q, k, v, mask), want, dt, big)
+        check_gradients(result, a, (q, k, v, mask), (keep, p, scale, gqa), dt, tol,
+                        case.finite)
 
     consistent = not (case.changed - {"query", "key", "value", "dout", "output", "logsumexp"})
     case.finite = case.finite and consistent      # forward's output is for the drawn arguments
@@ -505,12 +506,8 @@ def gen_attention(case, fn, backward):
                     sums = f64(got_w).sum(axis=-1)
                     assert np.all((np.abs(sums - 1) < 1e-3) | (sums == 0)), "weight rows"
             return
-        want = reference.scaled_dot_product_attention_backward(
-            f64(a["dout"]), q, k, v, mask, keep, p, bool(a["is_causal"]), scale, False,
-            a["causal_alignment"], window(a), alibi(a), softcap(a), sinks(a)) if case.finite \
-            else None
-        big = tol * (1 + np.abs(f64(a["dout"])).max(initial=0)) * max(q.shape[-2], 1) * 10
-        check_gradients(result, a, (q, k, v, mask), want, dt, big)
+        check_gradients(result, a, (q, k, v, mask), (keep, p, scale, False), dt, tol,
+                        case.finite)
 
     case.run(fn, check, call=lambda f: f(**case.args))
 
