@@ -10,7 +10,6 @@ dropout and custom scales. Each sequence is checked with test_attention's tolera
 dense call on it alone (its Case): a sequence is exactly that call. Sequences without
 queries or keys must give zeros (and logsumexp -inf) exactly.
 """
-import math
 import re
 from dataclasses import dataclass
 
