@@ -290,6 +290,9 @@ class ThreadSafeKernel:
         launch of the thread pool (2-3 µs: more than a decoded token's layer norm takes).
         Callers choose it by the shapes; tests/test_jit.py checks that twin and kernel give
         the same bits for the twins in use, so the choice never shows in a result."""
+        return self._serial_twin()(*args)
+
+    def _serial_twin(self):
         if self._serial is None:
             if not self.twin:
                 raise TypeError(f"{self.__name__} has no serial twin: declare it with "
@@ -298,7 +301,7 @@ class ThreadSafeKernel:
                 self._serial = _jit(OPTIONS, SerialKeyedCache)(self.py_func)
             else:                               # (see _target)
                 self._serial = njit(**{**OPTIONS, "cache": False})(self.py_func)
-        return self._serial(*args)
+        return self._serial
 
     def __call__(self, *args):
         target = self._target()
@@ -424,28 +427,44 @@ class ItemKernel(ThreadSafeKernel):
         addresses = tuple(types.CompileResultWAP(r).__wrapper_address__() for r in results)
         return addresses, tuple(results)
 
-    def __call__(self, *args):
-        loop, items = self._targets()
-        if not hasattr(loop, "compile"):                  # NUMBA_DISABLE_JIT: plain Python
-            return loop(*items, *args)
+    def _addresses(self, loop, items, args):
         key = (loop,) + tuple(map(_arg_key, args))
         bodies = self._bodies.get(key)
         if bodies is None:
             bodies = self._bodies[key] = self._bodies_for(loop, items, args)
+        return bodies[0]
+
+    def serial(self, *args):
+        """The serial twin (:meth:`ThreadSafeKernel.serial`): the loop compiled without
+        ``parallel``, calling the same bodies (compiled apart) on the calling thread."""
+        loop = self._serial_twin()
+        items = self._targets()[1]
+        if not hasattr(loop, "compile"):                  # NUMBA_DISABLE_JIT: plain Python
+            return loop(*items, *args)
+        return loop(*self._addresses(loop, items, args), *args)
+
+    def __call__(self, *args):
+        loop, items = self._targets()
+        if not hasattr(loop, "compile"):                  # NUMBA_DISABLE_JIT: plain Python
+            return loop(*items, *args)
+        addresses = self._addresses(loop, items, args)
         if _launches_may_overlap():
-            return loop(*bodies[0], *args)
+            return loop(*addresses, *args)
         with _launch_lock:
-            return loop(*bodies[0], *args)
+            return loop(*addresses, *args)
 
 
-def parallel_items(*items, indices=1):
+def parallel_items(*items, indices=1, twin=False):
     """A ``prange`` kernel whose loop bodies are the serial kernels ``items``: see
     :class:`ItemKernel`. The decorated function takes the items as its first parameters and
     calls each as ``call_body(item, (np.int64(w), *the other parameters))`` -- or with
     ``indices`` int64s before them, ``call_body(item, (np.int64(w), np.int64(kb), ...))``;
-    callers pass only the others."""
+    callers pass only the others. ``twin=True``: callers may also run its serial twin
+    (``.serial``), as for :func:`parallel_kernel`."""
     def decorate(loop):
-        return ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), items, indices)
+        kernel = ItemKernel(_jit({**OPTIONS, "parallel": True})(loop), items, indices)
+        kernel.twin = twin
+        return kernel
     return decorate
 
 

@@ -15,7 +15,7 @@ from hypothesis import given, strategies as st
 
 from closeness import assert_close
 from npattn import _jit
-from npattn.kernels import _gemm_generate, tiles
+from npattn.kernels import _lane_max_generate, tiles
 from strategies import dtypes, make_values
 from test_jit import run_python
 
@@ -54,7 +54,7 @@ def gemm_cases(draw):
     bias = draw(st.none() | st.just(make_values(rng, (n,), dtype)))
     accumulate = draw(st.booleans())
     c = make_values(rng, (n_batch, m, n), dtype)
-    path = draw(st.sampled_from(["auto", "packed", "batched"]))
+    path = draw(st.sampled_from(list(PATHS)))
     return a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, path
 
 
@@ -71,10 +71,14 @@ def truth(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
     return want, scale
 
 
-PATHS = {  # (SMALL, BATCHED) forcing each of the engine's three kernels
-    "auto": (IN_FORCE[0].SMALL, IN_FORCE[0].BATCHED),
-    "packed": (0, 1 << 30),        # gemm_kernel: all of B packed up front
-    "batched": (0, 0),             # batched_gemm_kernel: one work item per output batch
+#: Forcing each of the engine's kernels: (SMALL, BATCHED, PACKED_SMALL, SERIAL_PACKED)
+NAMES = ("SMALL", "BATCHED", "PACKED_SMALL", "SERIAL_PACKED")
+PATHS = {
+    "auto": tuple(getattr(IN_FORCE[0], name) for name in NAMES),
+    "packed": (0, 1 << 30, -1, -1),             # gemm_kernel: B packed a K block at a time
+    "batched": (0, 0, -1, -1),                  # batched_gemm_kernel: an item per C[t]
+    "rows": (0, 1 << 30, 1 << 62, -1),          # batched_gemm_kernel: an item per row block
+    "serial": (0, 1 << 30, 1 << 62, 1 << 62),   # its serial twin
 }
 
 
@@ -83,14 +87,16 @@ def forced(path):
     """Force one of the engine's kernels (for each dtype's instance); the thresholds are
     restored afterwards."""
     instances = [engine(d) for d in tiles.DTYPES]
-    saved = [(e.SMALL, e.BATCHED) for e in instances]
+    saved = [tuple(getattr(e, name) for name in NAMES) for e in instances]
     for e in instances:
-        e.SMALL, e.BATCHED = PATHS[path]
+        for name, value in zip(NAMES, PATHS[path]):
+            setattr(e, name, value)
     try:
         yield
     finally:
-        for e, (small, batched) in zip(instances, saved):
-            e.SMALL, e.BATCHED = small, batched
+        for e, values in zip(instances, saved):
+            for name, value in zip(NAMES, values):
+                setattr(e, name, value)
 
 
 def run_gemm(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
@@ -113,14 +119,16 @@ def test_gemm_matches_float64(case):
 
 @given(case=gemm_cases())
 def test_packed_and_batched_kernels_give_the_same_bits(case):
-    """The engine picks a kernel by the batch count and the thread count; both sum in the same
-    order, so which one ran never shows in the result."""
+    """The engine picks a kernel by the shapes and the thread count -- all of B packed a K
+    block at a time, an item per output batch, an item per block of rows, or that on the
+    calling thread; all sum in the same order, so which one ran never shows in the result."""
     *args, _ = case
-    with forced("packed"):
-        packed = run_gemm(*args)
-    with forced("batched"):
-        batched = run_gemm(*args)
-    np.testing.assert_array_equal(packed, batched)
+    results = {}
+    for path in ("packed", "batched", "rows", "serial"):
+        with forced(path):
+            results[path] = run_gemm(*args)
+    for path, got in results.items():
+        np.testing.assert_array_equal(got, results["packed"], err_msg=path)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -150,10 +158,10 @@ def test_nan_and_inf_propagate_through_the_packed_path():
     assert np.isfinite(np.delete(np.delete(c, 3, 0), 5, 1)).all()
 
 
-def test_generated_micro_kernel_is_up_to_date():
-    """_gemm_micro.py is what the generator writes now, for every tile of tiles.TILES."""
-    assert _gemm_generate.main(["--check"]) == 0
-    proc = subprocess.run([sys.executable, "-m", "npattn.kernels._gemm_generate", "--check"],
+def test_generated_lane_maxima_are_up_to_date():
+    """_lane_max.py is what the generator writes now, for every width the kernels use."""
+    assert _lane_max_generate.main(["--check"]) == 0
+    proc = subprocess.run([sys.executable, "-m", "npattn.kernels._lane_max_generate", "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "up to date" in proc.stdout
 
@@ -167,18 +175,17 @@ def test_kernels_compiled_without_slp_never_enter_the_cache(tmp_path):
     the cache, so a slow kernel can never be served to a process that has SLP."""
     code = """
         import numpy as np, npattn
-        x = np.ones((64, 300), np.float32)
-        w = np.ones((70, 300), np.float32)
-        npattn.matmul(x, w.T)                   # the packed path
+        x = np.ones((256, 300), np.float32)
+        w = np.ones((300, 300), np.float32)
+        npattn.matmul(x, w.T)                   # the packed path, past PACKED_SMALL
         print(npattn._jit.slp_enabled())
     """
     cache = tmp_path / "cache"
     off = run_python(code, NUMBA_SLP_VECTORIZE="0", NUMBA_CACHE_DIR=str(cache))
     assert off.strip() == "False"
     # the loop, its work items (compiled apart, _jit.ItemKernel) and the serial kernels
-    # they call -- the micro-kernel above all
-    # (the micro-kernel is ``micro_{MR}x{NR}`` of _gemm_micro.py: "micro_" matches any tile's)
-    kernels = ("gemm_kernel", "rows_item", "pack_item", "micro_")
+    # they call (the register tile is an intrinsic inside block_product: vector_tile.py)
+    kernels = ("gemm_kernel", "rows_item", "pack_item", "block_product")
     assert not [p.name for p in cache.rglob("*.nb[ic]")], "SLP-off kernel was cached"
     on = run_python(code, NUMBA_CACHE_DIR=str(cache))
     assert on.strip() == "True"

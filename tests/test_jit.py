@@ -43,8 +43,7 @@ def all_kernels():
 
 
 # _jit.fma_kernel (contract only): the kernels whose order of operations is the point
-FMA_ONLY = {*(f"micro_{mr}x{nr}" for mr, nr in tiles.TILES.values()),
-            *(f"micro_add_{mr}x{nr}" for mr, nr in tiles.TILES.values()), "exp_parts", "exp_one",
+FMA_ONLY = {"exp_parts", "exp_one",
             "exp_nonpositive", "exp_shifted", "exp_parts_f32", "exp_one_f32", "exp_nonpositive_f32",
             "exp_shifted_f32", "exp_series",
             # kernels/gelu.py: the polynomials, the Fast2Sum, and the loops that inline them

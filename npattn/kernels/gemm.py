@@ -26,8 +26,9 @@ The loop nest (BLIS's, with B packed one K block at a time)::
         └ └──┴──┴──┴──┘                                    ▲
                                            B panel (kc×NR) ┘
 
-Tile: MR×NR, one per instruction set and dtype (``tiles.py``: 8×16 on AVX-512, 4×16 float32
-and 4×8 float64 on AVX2, with the measurements that chose them). This module is written once
+Tile: MR×NR, one per instruction set and dtype (``tiles.py``: 8×32 float32 and 8×16 float64 on
+AVX-512, 6×16 and 6×8 on AVX2, with the measurements that chose them), written as explicit
+vector code (``vector_tile.py``). This module is written once
 for a tile and loaded once per tile it serves (``tiles.engine("gemm", dtype)``): MR and NR are
 constants of each instance, so each compiles its own kernels. KC = 256 and NC = 512: an A
 strip (256×MR) stays in L1 while the chunk's B panels (256×512 float32 = 512 KiB) come from
@@ -54,12 +55,14 @@ thread count, so the result of a call is bitwise reproducible.
 
 Accumulator: the input dtype (float32 in float32, as OpenBLAS and PyTorch do).
 """
+import threading
+
 import numba
 import numpy as np
 from numba import prange
 
-from .._jit import call_body, fma_kernel, kernel, parallel_items, parallel_kernel
-from . import _gemm_micro, tiles
+from .._jit import call_body, kernel, parallel_items, parallel_kernel
+from . import tiles, vector_tile
 
 TILE = tiles.tile_of(__name__)   # this instance's tile (see tiles.py)
 MR, NR = TILE.mr, TILE.nr
@@ -81,12 +84,17 @@ SMALL_COLS = 64  # columns per small_dot_kernel item at least
 #: 1.7 µs serial, 3.3 µs on 2 threads; 128 · 384×128: 3.7 vs 4.4; 128 · 512×128: 4.8 vs 4.9)
 SERIAL_MACS = 1 << 16
 BATCHED = 4  # output batches per thread from which batched_gemm_kernel takes over
+#: Up to this many multiply-adds a packed product runs in one launch (batched_gemm_kernel, an
+#: item per block of rows, each packing the B it needs) instead of two launches per K block
+PACKED_SMALL = 1 << 24
+#: Up to this many multiply-adds it runs on the calling thread (the serial twin: no launch)
+SERIAL_PACKED = 1 << 15
+KEPT_SPACE = 64 << 20  # bytes of packing space each Python thread keeps between calls at most
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
 
-#: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR): the generated straight-line code.
-micro_kernel = fma_kernel(getattr(_gemm_micro, f"micro_{MR}x{NR}"))
-#: the same, for a whole tile inside C: its sums added straight into C (same bits, no scratch)
-micro_add = fma_kernel(getattr(_gemm_micro, f"micro_add_{MR}x{NR}"))
+#: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR), and the same sums added straight into
+#: a whole tile of C (no scratch): explicit vector code (vector_tile.py)
+micro_kernel, micro_add = vector_tile.tiles(MR, NR)
 
 # The blocking follows from the tile: whole strips and panels per block and chunk.
 assert NC % NR == 0 and MC_MAX % MR == 0, (TILE, NC, MC_MAX)
@@ -95,8 +103,14 @@ assert NC % NR == 0 and MC_MAX % MR == 0, (TILE, NC, MC_MAX)
 @kernel
 def pack_b_panel(b, ib, trans_b, k0, kc, j0, cols, panel):
     # panel (KC·NR,) <- the kc×NR slice of op(B) at (k0, j0), row-major, zero-padded past C's
-    # last column. Indices go through views that start at 0 (see _gemm_generate on why).
-    panel[:] = 0
+    # last column (rows past kc are never read). Indices go through views that start at 0: an
+    # offset index would need Numba's negative-index guard on every access, and LLVM would not
+    # vectorise the loop.
+    if cols < NR:
+        for p in range(kc):
+            row = panel[p * NR:(p + 1) * NR]
+            for j in range(cols, NR):
+                row[j] = 0
     if trans_b:                                      # op(B)[k, j] = b[ib, j, k]
         for j in range(cols):
             src = b[ib, j0 + j, k0:k0 + kc]
@@ -228,15 +242,20 @@ def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, 
 
 
 @kernel
-def batch_item(t, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc):
-    # Work item t of batched_gemm_kernel: all of C[t]
+def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows):
+    # Work item w of batched_gemm_kernel: rows w·item_rows .. of one C[t] (all of them when
+    # item_rows >= M), in blocks of mc rows; it packs the K blocks of op(B) it needs itself
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
+    n_items = (n_rows + item_rows - 1) // item_rows
+    t = w // n_items
+    r0 = (w % n_items) * item_rows
+    r1 = min(r0 + item_rows, n_rows)
     panel_size = KC * NR
     panels = np.empty(n_panels * panel_size, c.dtype)
     ap = np.empty(mc * KC, c.dtype)
     out = np.empty((MR, NR), c.dtype)
-    start_rows(c[t], 0, n_rows, bias, accumulate)
+    start_rows(c[t], r0, r1 - r0, bias, accumulate)
     for kb in range(n_kb):
         k0 = kb * KC
         kc = min(KC, n_inner - k0)
@@ -244,21 +263,25 @@ def batch_item(t, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
             j0 = panel * NR
             pack_b_panel(b, b_index[t], trans_b, k0, kc, j0, min(NR, n_cols - j0),
                          panels[panel * panel_size:(panel + 1) * panel_size])
-        for i0 in range(0, n_rows, mc):
-            rows = min(mc, n_rows - i0)
+        for i0 in range(r0, r1, mc):
+            rows = min(mc, r1 - i0)
             pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
             block_product(ap, panels, kc, c[t], i0, rows, out)
 
 
-@parallel_items(batch_item)
-def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc):
-    # The same product when there are many output batches: each item (batch_item) owns one
-    # whole C[t] and packs its own B, one K block at a time, into a buffer that stays in cache
-    # -- instead of packing all of B up front (for a batched backward, a copy of a 32 MiB
-    # operand). The sums run in the same order as gemm_kernel's: the same bits.
-    for t in prange(c.shape[0]):
-        call_body(item, (np.int64(t), a, b, c, bias, a_index, b_index, trans_a, trans_b,
-                         accumulate, mc))
+@parallel_items(batch_item, twin=True)
+def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
+                        item_rows):
+    # The same product in one launch, each work item (batch_item) owning item_rows rows of one
+    # C[t] and packing the K blocks of B it needs, one at a time, into a buffer that stays in
+    # cache. For many output batches (an item per C[t]: instead of packing all of B up front --
+    # for a batched backward, a copy of a 32 MiB operand) and for small products (an item per
+    # block of rows: one launch instead of two per K block; B packed once per item). The sums
+    # run in the same order as gemm_kernel's: the same bits.
+    n_items = c.shape[0] * ((c.shape[1] + item_rows - 1) // item_rows)
+    for w in prange(n_items):
+        call_body(item, (np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b,
+                         accumulate, mc, item_rows))
 
 
 @kernel
@@ -358,16 +381,40 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
             _small_columns(n_batch * -(-n_rows // 2), n_cols))
         return c
     threads = numba.get_num_threads()
-    if n_batch >= BATCHED * threads:
-        mc = MR * -(-min(n_rows, MC_MAX) // MR)
-        batched_gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate,
-                            mc)
+    work = n_batch * n_rows * n_cols * n_inner
+    if n_batch >= BATCHED * threads or work <= PACKED_SMALL:
+        if n_batch >= BATCHED * threads:
+            mc, item_rows = MR * -(-min(n_rows, MC_MAX) // MR), n_rows
+        else:
+            mc = item_rows = _row_block(n_rows, n_batch, threads)
+        run = batched_gemm_kernel.serial if work <= SERIAL_PACKED else batched_gemm_kernel
+        run(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows)
         return c
     packed_b = b3.shape[0] * -(-n_cols // NR) * KC * NR     # one K block of op(B)
     mc = _row_block(n_rows, n_batch, threads)
     gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
-                np.empty(packed_b, c.dtype))
+                _packing_space(packed_b, c.dtype))
     return c
+
+
+_spaces = threading.local()    # each Python thread's packing space: {dtype: array}
+
+
+def _packing_space(size, dtype):
+    """``size`` elements of ``dtype`` for the packed B of one call: the calling thread's buffer,
+    kept between calls up to ``KEPT_SPACE`` bytes, so that a product does not fault in fresh
+    pages each time (measured on Zen 4: 6–12 % of a product's time was packing B, partly
+    page faults on a new buffer per call). One per Python thread: calls from several threads
+    never share one."""
+    spaces = getattr(_spaces, "arrays", None)
+    if spaces is None:
+        spaces = _spaces.arrays = {}
+    space = spaces.get(dtype)
+    if space is None or space.size < size:
+        space = np.empty(size, dtype)
+        if space.nbytes <= KEPT_SPACE:
+            spaces[dtype] = space
+    return space[:size]
 
 
 def _small_columns(n_pairs, n_cols):

@@ -13,16 +13,16 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from . import _gemm_micro
+from . import _lane_max
 from .exp import exp_nonpositive_native, exp_one_native
 
 ROWS = 16   # rows per parallel work item: the scratch is allocated once per item
 LANES = 32  # running maxima in row_max: two AVX-512 registers of float32 (four of float64)
 
-#: The running maxima of row_max as LANES named scalars (generated: kernels/_gemm_generate.py),
+#: The running maxima of row_max as LANES named scalars (generated: kernels/_lane_max_generate.py),
 #: which the SLP vectoriser turns into vector registers; a loop over an array of maxima would
 #: load and store them every step, as LLVM cannot rule out that it overlaps the row.
-lane_max = kernel(getattr(_gemm_micro, f"lane_max_{LANES}"))
+lane_max = kernel(getattr(_lane_max, f"lane_max_{LANES}"))
 
 
 @kernel

@@ -1,42 +1,45 @@
 """Register tiles per instruction set, and the engine instances compiled for them.
 
 The GEMM micro-kernel keeps an MR×NR tile of C in vector registers for a whole K block
-(``gemm.py``), and the attention engine is built from the same tiles (``attention.py``). How
-big a tile fits depends on the register file:
+(``gemm.py``), and the attention engine is built from the same kind of tile (``attention.py``).
+The tile is explicit vector code (``vector_tile.py``): each of its MR rows is one LLVM vector
+of NR elements, which LLVM maps onto the CPU's registers. How big a tile fits depends on the
+register file:
 
-==========  ======================  ======================================================
-family      registers LLVM uses     tile (float32 / float64), accumulators in registers
-==========  ======================  ======================================================
-avx2        16 × 256-bit (ymm)      4×16 / 4×8: 8 ymm accumulators, 2 B rows, broadcasts
-avx512      32 × 512-bit (zmm)      8×32 / 8×16: 16 zmm accumulators, 2 B rows, broadcasts
-avx512-ymm  32 × 256-bit (ymm)      8×16 / 8×16: 16 (float32) or 32 (float64) ymm
-==========  ======================  ======================================================
+==========  ====================  ====================================  =======================
+family      registers             GEMM tile (float32 / float64)         attention tile
+==========  ====================  ====================================  =======================
+avx2        16 × 256-bit (ymm)    6×16 / 6×8: 12 ymm accumulators,      4×16 / 4×8: 8 ymm
+                                  2 rows of B, 1 broadcast
+avx512      32 × 512-bit (zmm)    8×32 / 8×16: 16 zmm accumulators      the same
+==========  ====================  ====================================  =======================
 
-The family is the register file LLVM compiles for, which is not only the instruction set: on
-an AVX-512 CPU LLVM emits 512-bit vectors for AMD's (``znver4``, ``znver5``) but prefers
-256-bit vectors for Intel's (``skylake-avx512`` … ``graniterapids``, and ``x86-64-v4``):
-checked by compiling a loop for each of those CPU names (``tests/test_tiles.py``). An 8×32
-float32 tile compiled to ymm code needs 32 accumulators and spills, so Intel's AVX-512 CPUs get
-``avx512-ymm``, whose tiles were measured on one.
+The attention engine keeps 4-row tiles on AVX2: its blocks (256 and 128 keys, 128 queries) are
+powers of two, which 6 does not divide.
+
+Every AVX-512 CPU gets ``avx512``, Intel's as AMD's. LLVM's tuning for Intel's AVX-512 cores
+prefers 256-bit vectors (``prefer-256-bit``), but that steers only its vectorisers: the
+tile's vectors are written out, so LLVM legalises them to zmm registers on every AVX-512 CPU
+(``tests/test_tiles.py`` compiles the tiles for ``skylake-avx512``, ``icelake-server``,
+``sapphirerapids``, ``graniterapids``, ``x86-64-v4``, ``znver4`` and ``znver5`` and reads zmm
+fused multiply-adds and no spill in the k loop). An earlier family, ``avx512-ymm`` (8×16 tiles
+of ymm code, for when the tile came from the SLP vectoriser and Intel's CPUs got ymm), is
+retired: on an Intel Xeon (Sapphire-Rapids class, reported as ``rocketlake``), one core, KC =
+256 in L1, its 8×16 float32 ymm tile ran at 101–110 GFLOP/s against 186–205 for 8×32 in zmm,
+float64 43 against 82–92 (measured when the family was reviewed, 2026-12).
 
 Measured (``benchmarks/micro_kernel.py``: one thread, a KC = 256 product in L1, GFLOP/s,
-median of 15 interleaved rounds). AVX2 code (LLVM told ``haswell`` features, 16 ymm) on an
-Intel Xeon (model 167, 2 × 256-bit FMA per cycle, the class of Zen 2/3): float32 3×16 43,
-4×16 45, 5×16 48, 6×16 34, 8×16 25 -- from 6×16 on, LLVM's register allocator spills; float64
-3×8 22, 4×8 24, 5×8 25, 6×8 17, 3×16 25, 4×16 14, 8×16 8.5. The powers of two are taken
-(4×16, 4×8: within noise of the best, and every block size of the engines stays a multiple
-of them). AVX-512 on an AMD EPYC Zen 5 (znver5), one thread, 15 rounds: float32 **8×32 229**,
-6×32 228, 4×32 200, 16×16 213, 12×16 196, 8×16 182, 12×32 136 (spills), 14×32 119; float64
-**8×16 115**, 6×16 111, 12×8 105, 8×8 91. In whole products on 2 threads, 8×32 against 8×16
-(interleaved, one process): n = 512 1.17×, 1024 1.20×, 2048 1.15×, linear [8,512,512]→2048
-1.05×, attention forward L = 1024 1.12× (causal 1.11×); n = 128 0.79×.
+median of interleaved rounds). AVX2 on an AMD EPYC Zen 3 (``znver3``, 2 × 256-bit FMA per
+cycle), the explicit vector tiles: see ``docs/architecture.md`` §5 for the table; 6×16 float32
+beat 4×16 by 12–14 %, 6×8 float64 beat 4×8 by 10–15 %, and whole products on one thread gained
+15–20 % (the SLP vectoriser's 6×16 spilled and ran at half speed, which is why 4×16 was the
+AVX2 tile before). AVX-512 on an AMD EPYC Zen 5 (``znver5``), the SLP code of the same shape:
+float32 **8×32 229**, 6×32 228, 4×32 200, 16×16 213, 12×16 196, 8×16 182; float64 **8×16
+115**, 6×16 111, 12×8 105, 8×8 91.
 
-Which family is in force: ``NPATTN_ISA=avx2|avx512|avx512-ymm`` when set, else the host's:
-``avx2`` unless the CPU features Numba compiles for (``NUMBA_CPU_FEATURES``, else the host's as
-Numba reads them) include AVX-512F; then ``avx512`` when the CPU name LLVM compiles for
-(``NUMBA_CPU_NAME``, else the host's) is AMD's (``znver*``), else ``avx512-ymm``. (Measured on
-an Intel AVX-512 CPU, model 167, ymm code: float32 8×16 38.5 vs 4×16 34, float64 8×16 16.5 vs
-4×8 17.)
+Which family is in force: ``NPATTN_ISA=avx2|avx512`` when set, else the host's: ``avx512``
+when the CPU features Numba compiles for (``NUMBA_CPU_FEATURES``, else the host's as Numba
+reads them) include AVX-512F, else ``avx2``.
 Every tile is correct on every x86-64 CPU: the tile decides speed, never the result's validity.
 
 Engine instances. A tile is not a global that kernels read when they compile -- Numba's disk
@@ -58,23 +61,27 @@ from typing import NamedTuple
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
-ISAS = ("avx2", "avx512", "avx512-ymm")
+ISAS = ("avx2", "avx512")
 DTYPES = ("float32", "float64")
 ENGINES = ("gemm", "attention")          # the modules compiled per tile
 
-#: (ISA, dtype) -> (MR, NR), the register tile (see the module docstring for the measurements)
+#: (ISA, dtype) -> (MR, NR), the GEMM engine's register tile (see the module docstring)
 TILES = {
-    ("avx2", "float32"): (4, 16),
-    ("avx2", "float64"): (4, 8),
+    ("avx2", "float32"): (6, 16),
+    ("avx2", "float64"): (6, 8),
     ("avx512", "float32"): (8, 32),
     ("avx512", "float64"): (8, 16),
-    ("avx512-ymm", "float32"): (8, 16),
-    ("avx512-ymm", "float64"): (8, 16),
 }
 
-#: CPU names (as LLVM has them) for which LLVM vectorises AVX-512 code with 512-bit registers;
-#: for the other AVX-512 CPUs (Intel's) it prefers 256-bit vectors (see the module docstring).
-ZMM_CPU_PREFIXES = ("znver",)
+#: (ISA, dtype) -> (MR, NR), the attention engine's: 4 rows on AVX2 (its blocks are powers of 2)
+ATTENTION_TILES = {
+    **TILES,
+    ("avx2", "float32"): (4, 16),
+    ("avx2", "float64"): (4, 8),
+}
+
+#: engine -> its table
+ENGINE_TILES = {"gemm": TILES, "attention": ATTENTION_TILES}
 
 
 class Tile(NamedTuple):
@@ -87,10 +94,10 @@ class Tile(NamedTuple):
         return f"{self.isa} {self.dtype} {self.mr}×{self.nr}"
 
 
-def tile(isa, dtype):
-    """The Tile of an ISA and a dtype."""
+def tile(isa, dtype, name="gemm"):
+    """The Tile of engine ``name`` for an ISA and a dtype."""
     dtype = np.dtype(dtype).name
-    return Tile(isa, dtype, *TILES[isa, dtype])
+    return Tile(isa, dtype, *ENGINE_TILES[name][isa, dtype])
 
 
 def cpu_features():
@@ -111,10 +118,8 @@ def cpu_name():
 
 
 def host_isa():
-    """The tile family this CPU calls for: its vector registers, as LLVM will use them."""
-    if "avx512f" not in cpu_features():
-        return "avx2"
-    return "avx512" if cpu_name().startswith(ZMM_CPU_PREFIXES) else "avx512-ymm"
+    """The tile family this CPU calls for: its vector registers."""
+    return "avx512" if "avx512f" in cpu_features() else "avx2"
 
 
 _lock = threading.RLock()       # loading is re-entrant: attention's instance loads gemm's
@@ -177,7 +182,7 @@ def _load(name, isa, dtype):
     spec = importlib.util.spec_from_file_location(module_name, HERE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     module.__package__ = __package__               # its relative imports are the kernels'
-    _loading[module_name] = tile(isa, dtype)
+    _loading[module_name] = tile(isa, dtype, name)
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)

@@ -25,7 +25,7 @@ from numba.core import caching
 
 from .. import __version__, _jit
 from ..functional.softmax import softmax
-from ..kernels import tiles
+from ..kernels import exp, tiles
 from ..kernels.softmax import softmax_forward_kernel
 
 #: CPU features worth knowing for npattn's kernels (LLVM's names; only those LLVM lists for
@@ -110,8 +110,8 @@ def settings():
     options = getattr(dispatcher, "targetoptions", {})    # (a plain function under DISABLE_JIT)
     return dict(slp=_jit.slp_enabled(), slp_env=os.environ.get("NUMBA_SLP_VECTORIZE"),
                 fastmath=_fastmath_flags(options.get("fastmath")),
-                fma_fastmath=_fastmath_flags(getattr(tiles.engine("gemm", np.float32).micro_kernel,
-                                                     "targetoptions", {}).get("fastmath")),
+                fma_fastmath=_fastmath_flags(getattr(exp.exp_series, "targetoptions",
+                                                     {}).get("fastmath")),
                 jit_fastmath=sorted(_jit.FASTMATH),
                 cache=isinstance(getattr(dispatcher, "_cache", None), caching.FunctionCache),
                 nogil=bool(options.get("nogil")), error_model=options.get("error_model"),
@@ -183,8 +183,37 @@ def register_tiles():
     forced = os.environ.get("NPATTN_ISA")
     isa = tiles.isa_in_force()
     return dict(isa=isa, host=tiles.host_isa(), forced=forced,
-                tiles={d: f"{tiles.tile(isa, d).mr}×{tiles.tile(isa, d).nr}"
+                tiles={d: "; ".join(f"{t.mr}×{t.nr}" for t in
+                                    (tiles.tile(isa, d, name) for name in tiles.ENGINES))
                        for d in tiles.DTYPES})
+
+
+WIDTH_PROBE = """
+def axpy(a, x, y):
+    for i in range(y.shape[0]):
+        y[i] += a * x[i]
+"""
+
+
+def vector_widths():
+    """The vector registers the code uses: the tiles' (written out, so the widest the CPU has
+    -- zmm wherever AVX-512F is compiled for) and, for every other loop, what LLVM's
+    vectorisers choose for this CPU, read off a probe loop compiled now (Intel's AVX-512 CPUs:
+    ymm, LLVM's ``prefer-256-bit`` tuning)."""
+    import re
+    namespace = {}
+    exec(WIDTH_PROBE, namespace)
+    probe = numba.njit(fastmath={"contract"})(namespace["axpy"])
+    probe.compile("(float32, float32[::1], float32[::1])")
+    fmas = re.findall(r"vfmadd\w+\s+([^\n]*)", probe.inspect_asm(probe.signatures[0]))
+    register = next((r for r in ("zmm", "ymm", "xmm") if any(r in f for f in fmas)), None)
+    bits = {"zmm": "512-bit (zmm)", "ymm": "256-bit (ymm)", "xmm": "128-bit (xmm)"}
+    avx512 = "avx512f" in tiles.cpu_features()
+    tile = bits["zmm"] if avx512 else bits["ymm"]
+    loops = bits.get(register, "not vectorised")
+    note = ("LLVM's tuning for this CPU prefers 256-bit vectors in the loops it vectorises"
+            if avx512 and register == "ymm" else "")
+    return dict(tiles=tile, loops=loops, note=note)
 
 
 def environment():
@@ -208,6 +237,7 @@ def collect():
     """Every fact ``npattn info`` prints, as a dict of dicts (one per section)."""
     facts = dict(versions=versions(), threads=threads(), settings=settings())
     facts.update(cache=kernel_cache(), cached=cached_kernels(), cpu=cpu(), tiles=register_tiles(),
+                 widths=vector_widths(),
                  environment=environment(),
                  torch=torch_status())
     return facts
@@ -256,12 +286,14 @@ def report(facts, out=None):
         slp_note = f"NUMBA_SLP_VECTORIZE={s['slp_env']} overrides npattn's default (on)"
     say(f"  SLP vectoriser   {_onoff(s['slp'])}  ({slp_note})")
     if not s["slp"]:
-        say("                   without it the GEMM micro-kernel runs ~15x slower, and npattn "
-            "compiles")
+        say("                   without it the lane maxima of softmax and attention run several "
+            "times slower, and npattn compiles")
         say("                   kernels without the disk cache (an entry there was always "
             "compiled with SLP)")
     say(f"  fastmath         {{{', '.join(s['fastmath'])}}} for kernels, "
-        f"{{{', '.join(s['fma_fastmath'])}}} for the GEMM micro-kernel and exp;")
+        f"{{{', '.join(s['fma_fastmath'])}}} for exp's and tanh's polynomials;")
+    say("                   the register tiles are explicit fused multiply-adds "
+        "(kernels/vector_tile.py);")
     say("                   never nnan/ninf (masks are -inf and NaN must propagate)")
     say(f"  cache=True       {_onoff(s['cache'] and s['slp'])}" +
         ("  (compiled kernels are stored on disk and reloaded)" if s["cache"] and s["slp"]
@@ -307,10 +339,14 @@ def report(facts, out=None):
     say(f"  SIMD absent      {' '.join(p['absent']) or '-'}")
     r = facts["tiles"]
     why = (f"NPATTN_ISA={r['forced']}; the host's would be {r['host']}" if r["forced"]
-           else "from the CPU; NPATTN_ISA=avx2|avx512|avx512-ymm forces one")
+           else "from the CPU; NPATTN_ISA=avx2|avx512 forces one")
     say(f"  register tiles   {r['isa']} ({why})")
     say("                   " + ", ".join(f"{d} {t}" for d, t in r["tiles"].items()) +
-        "  (MR×NR, the GEMM micro-kernel's)")
+        "  (MR×NR: GEMM; attention)")
+    w = facts["widths"]
+    say(f"  vector width     register tiles {w['tiles']}, other loops {w['loops']}")
+    if w["note"]:
+        say(f"                   ({w['note']})")
 
     say()
     say("Environment (variables that change NumPy's BLAS or Numba)")
