@@ -5,10 +5,9 @@
     python -m benchmarks.micro_kernel --tiles 4x16:float32,6x16:float32 --rounds 25
 
 This is the measurement behind ``npattn/kernels/tiles.py``'s table. Each candidate is the
-micro-kernel ``npattn/kernels/_gemm_generate.py`` writes for that tile, compiled as the engine
-compiles it (fastmath ``contract`` only, SLP vectoriser on), and called in a serial loop on one
-thread: a KC = 256 product whose packed A and B (``kc·MR`` and ``kc·NR`` elements) stay in L1.
-So the figure is the tile's ceiling -- the GEMM's packing, cache blocking and threads come on
+register tile ``npattn/kernels/vector_tile.py`` writes for that shape (explicit vectors, as the
+engines compile it), called in a serial loop on one thread: a KC = 256 product whose packed A
+and B (``kc·MR`` and ``kc·NR`` elements) stay in L1. So the figure is the tile's ceiling -- the GEMM's packing, cache blocking and threads come on
 top (``python -m benchmarks --ops gemm`` measures the whole). Before timing, each candidate's
 tile is checked against NumPy's float64 product of the same panels.
 
@@ -30,9 +29,9 @@ import time
 from .isa import AVX2_FEATURES
 
 #: The candidates measured when --tiles is not given: around each ISA's tiles in npattn.
-DEFAULT_TILES = ("3x16:float32,4x16:float32,5x16:float32,6x16:float32,8x16:float32,"
-                 "4x32:float32,6x32:float32,8x32:float32,16x16:float32,"
-                 "3x8:float64,4x8:float64,5x8:float64,6x8:float64,8x8:float64,8x16:float64")
+DEFAULT_TILES = ("4x16:float32,5x16:float32,6x16:float32,8x16:float32,"
+                 "4x32:float32,6x32:float32,8x32:float32,12x32:float32,"
+                 "4x8:float64,5x8:float64,6x8:float64,8x8:float64,6x16:float64,8x16:float64")
 KC = 256
 
 
@@ -74,12 +73,8 @@ def reexec_for_avx2(argv):
 
 def build(mr, nr, dtype, np, njit):
     """(loop, ap, bp, tile): ``loop(reps, ...)`` calls the MR×NR micro-kernel ``reps`` times."""
-    from npattn import _jit                      # (turns the SLP vectoriser on, as npattn runs)
-    from npattn.kernels._gemm_generate import micro_kernel
-    namespace = {}
-    exec(micro_kernel(mr, nr), namespace)
-    options = dict(nogil=True, error_model="numpy", fastmath=_jit.FASTMATH - {"reassoc"})
-    micro = njit(**options)(namespace[f"micro_{mr}x{nr}"])
+    from npattn.kernels import vector_tile
+    micro = vector_tile.tiles(mr, nr)[0]
 
     @njit(nogil=True)
     def loop(reps, kc, ap, bp, tile):

@@ -48,8 +48,9 @@ say: whatever is missing is compiled again.
 The SLP vectoriser
 ------------------
 LLVM's SLP (superword-level parallelism) vectoriser fuses rows of scalar operations into SIMD
-instructions. Numba leaves it off by default; the GEMM micro-kernel keeps its tile of C in
-named scalars and is ~15× slower without it. So importing npattn turns it on for the process
+instructions. Numba leaves it off by default; the lane maxima of softmax and attention keep
+their running maxima in named scalars and are several times slower without it (the register
+tiles are explicit vectors: kernels/vector_tile.py). So importing npattn turns it on for the process
 (``numba.config.SLP_VECTORIZE = 1``) unless the environment says otherwise with
 ``NUMBA_SLP_VECTORIZE``. The setting is process-wide: Numba functions of your own compiled
 afterwards get it too (it changes speed, not results beyond reassociation you allowed).
@@ -223,9 +224,8 @@ OVERLOAD_OPTIONS = {"nogil": True, "error_model": "numpy"}
 kernel = _jit(OPTIONS)
 
 #: Fused multiply-add and nothing else, for kernels whose order of operations is the point:
-#: the GEMM micro-kernel (with ``reassoc`` LLVM rewrites its k loop into gather-reductions and
-#: it runs several times slower: docs/architecture.md, section 9.2) and the polynomial of
-#: ``kernels/exp.py``.
+#: the polynomials of ``kernels/exp.py`` and ``kernels/tanh.py`` (with ``reassoc`` LLVM may
+#: rewrite an order that was chosen: docs/architecture.md, section 9.2).
 fma_kernel = _jit({**OPTIONS, "fastmath": {"contract"}})
 
 #: IEEE arithmetic as written: no fused multiply-add, no reassociation. For element-wise code
@@ -466,6 +466,26 @@ def parallel_items(*items, indices=1, twin=False):
         kernel.twin = twin
         return kernel
     return decorate
+
+
+def _axpy(a, x, y):
+    for i in range(y.shape[0]):
+        y[i] += a * x[i]
+
+
+def loop_vector_register():
+    """"zmm", "ymm" or "xmm": the registers LLVM's vectorisers choose for a plain loop (a float32
+    a·x + y, compiled now, without the cache) on the CPU Numba compiles for; None if the loop
+    was not vectorised. On Intel's AVX-512 CPUs LLVM's tuning prefers ymm here; npattn's
+    register tiles are explicit vectors and take zmm there anyway (kernels/vector_tile.py).
+    For ``npattn info``."""
+    import re
+    if numba.config.DISABLE_JIT:
+        return None
+    probe = njit(fastmath={"contract"})(_axpy)
+    probe.compile("(float32, float32[::1], float32[::1])")
+    fmas = re.findall(r"vfmadd\w+\s+([^\n]*)", probe.inspect_asm(probe.signatures[0]))
+    return next((r for r in ("zmm", "ymm", "xmm") if any(r in f for f in fmas)), None)
 
 
 def threading_layer():

@@ -205,7 +205,9 @@ def test_float32_is_at_least_as_accurate_as_torch(torch, approximate):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_infinities_give_the_limits(torch, approximate, dtype):
     """GELU(+inf) = +inf, GELU(−inf) = −0, slopes 1 and 0: the limits (PyTorch 2.13 gives NaN
-    at −inf, 0·inf, and NaN slopes: a documented deviation). Finite x as PyTorch, signs too."""
+    at −inf, 0·inf, and NaN slopes: a documented deviation). Finite x as PyTorch in value; the
+    sign of a zero is checked against the limit, not PyTorch, whose sign of gelu(x ≪ 0) depends
+    on the CPU kernel it runs (AVX-512: −0; float32 on an AVX2 Zen 3: +0)."""
     x = np.array([np.inf, -np.inf, -1e30, 1e30, -60.0, 0.0, -0.0, np.nan], dtype)
     y = gelu(x, approximate)
     dx = gelu_backward(np.full_like(x, 2.0), x, approximate)
@@ -218,7 +220,6 @@ def test_infinities_give_the_limits(torch, approximate, dtype):
     ty = torch.nn.functional.gelu(tx, approximate=approximate)
     ty.backward(torch.full_like(ty, 2.0))
     assert np.array_equal(y[finite], ty.detach().numpy().astype(dtype))
-    assert np.array_equal(np.signbit(y[finite]), np.signbit(ty.detach().numpy()))
     # (not at ±1e30: PyTorch's float32 tanh-form slope is NaN there, its x³ overflows)
     assert np.array_equal(dx[4:7], tx.grad.numpy()[2:].astype(dtype))
 

@@ -188,25 +188,12 @@ def register_tiles():
                        for d in tiles.DTYPES})
 
 
-WIDTH_PROBE = """
-def axpy(a, x, y):
-    for i in range(y.shape[0]):
-        y[i] += a * x[i]
-"""
-
-
 def vector_widths():
     """The vector registers the code uses: the tiles' (written out, so the widest the CPU has
     -- zmm wherever AVX-512F is compiled for) and, for every other loop, what LLVM's
     vectorisers choose for this CPU, read off a probe loop compiled now (Intel's AVX-512 CPUs:
     ymm, LLVM's ``prefer-256-bit`` tuning)."""
-    import re
-    namespace = {}
-    exec(WIDTH_PROBE, namespace)
-    probe = numba.njit(fastmath={"contract"})(namespace["axpy"])
-    probe.compile("(float32, float32[::1], float32[::1])")
-    fmas = re.findall(r"vfmadd\w+\s+([^\n]*)", probe.inspect_asm(probe.signatures[0]))
-    register = next((r for r in ("zmm", "ymm", "xmm") if any(r in f for f in fmas)), None)
+    register = _jit.loop_vector_register()
     bits = {"zmm": "512-bit (zmm)", "ymm": "256-bit (ymm)", "xmm": "128-bit (xmm)"}
     avx512 = "avx512f" in tiles.cpu_features()
     tile = bits["zmm"] if avx512 else bits["ymm"]

@@ -12,7 +12,7 @@ is saved -- and no process started afterwards compiles anything. The cache is wh
 it: ``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` next to the kernels, else (a read-only
 install) the user cache directory, ``~/.cache/numba``. The GEMM and attention engines are
 compiled for the register tile in force (``npattn info`` shows it; ``NPATTN_ISA=<family> npattn
-warmup``, family avx2, avx512 or avx512-ymm, warms another's too).
+warmup``, family avx2 or avx512, warms the other's too).
 
 How: each public op is called on tiny inputs in every form that reaches a different kernel or
 kernel signature (both dtypes; bias or none; the three GEMM paths -- small dot products, packed,
@@ -85,8 +85,10 @@ def _linear(dtype, rng):
     linear_backward(y, x, w, b)                                  # packed GEMM, column sums
     linear_backward(y, x, w)
     xb = rng.standard_normal((64, 128)).astype(dtype)            # > SMALL multiply-adds:
-    wb = rng.standard_normal((130, 128)).astype(dtype)           # the packed path, x·Wᵀ
-    linear(xb, wb, rng.standard_normal(130).astype(dtype))
+    wb = rng.standard_normal((130, 128)).astype(dtype)           # the packed path in one
+    linear(xb, wb, rng.standard_normal(130).astype(dtype))       # launch, x·Wᵀ
+    xl = rng.standard_normal((260, 260)).astype(dtype)           # > PACKED_SMALL: the
+    linear(xl, xl[:130], rng.standard_normal(130).astype(dtype))  # packed path, 2 per K block
 
 
 def _matmul(dtype, rng):
