@@ -329,7 +329,8 @@ def checkpoint_arrays(model, vocab, settings, training=None):
         opt = training.pop("optimizer")
         names = training.pop("names")                                 # position -> name
         steps = {}
-        for position, entry in opt["state"].items():
+        for position in sorted(opt["state"]):         # one order, however it was gathered
+            entry = opt["state"][position]
             steps[names[position]] = entry["step"]
             for key in MOMENTS:
                 arrays[f"{OPTIMIZER}.{key}.{names[position]}"] = np.ascontiguousarray(entry[key])
