@@ -88,6 +88,16 @@ def launched_rank():
     return 0
 
 
+def local_ranks():
+    """How many ranks of this job run on this machine, as the launcher announced it (MPICH's
+    MPI_LOCALNRANKS, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, Slurm's SLURM_NTASKS_PER_NODE);
+    1 outside MPI or when none says."""
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        if os.environ.get(name, "").isdigit() and launched_by_mpi():
+            return max(1, int(os.environ[name]))
+    return 1
+
+
 def _buffer(name, array):
     """``array`` itself if MPI can reduce it in place: a C-contiguous, writeable float32 or
     float64 ndarray (a copy would not be in place); TypeError naming ``name`` otherwise."""

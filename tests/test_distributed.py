@@ -62,13 +62,13 @@ def mpiexec():
         pytest.skip("MPI cannot start: no mpiexec beside this Python or on PATH; pip install mpich")
     probe = ("from npattn import distributed as d; import numpy as np; "
              "a = np.array([d.get_rank() + 1.0]); d.all_reduce(a); "
-             "print(d.get_world_size(), a[0])")
+             "d.get_rank() or print(d.get_world_size(), a[0])")       # one rank prints
     try:
         done = subprocess.run([command, "-n", "2", sys.executable, "-c", probe], cwd=ROOT,
                               env=_env(), capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         pytest.skip(f"MPI cannot start: {command} -n 2 failed ({error})")
-    if done.returncode != 0 or done.stdout.split() != ["2", "3.0"] * 2:
+    if done.returncode != 0 or done.stdout.split() != ["2", "3.0"]:
         pytest.skip(f"MPI cannot start: {command} -n 2 exited {done.returncode}: "
                     f"{(done.stderr or done.stdout).strip()[-300:]}")
     return command
@@ -236,7 +236,8 @@ for zero in (False, True):
     dist.all_reduce(gathered)
     assert all(np.array_equal(gathered[0], g) for g in gathered), "ranks differ"
 assert np.array_equal(finals[0], finals[1]), "ZeRO differs from DDP"
-print("ok", rank)
+done = dist.all_reduce(np.ones(1))
+rank or print("ok", int(done[0]))          # one rank prints (ranks' lines would interleave)
 """
 
 
@@ -248,7 +249,7 @@ def test_three_ranks_reduce_in_rank_order_and_agree_with_and_without_zero(mpiexe
     done = subprocess.run([mpiexec, "-n", "3", sys.executable, "-c", THREE_RANKS], cwd=ROOT,
                           env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(done.stdout.split()) == ["0", "1", "2", "ok", "ok", "ok"]
+    assert done.stdout.split() == ["ok", "3"], done.stdout
 
 
 def test_errors_stop_every_rank_with_status_2_and_one_message(mpiexec, corpus, tmp_path):

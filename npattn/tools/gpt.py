@@ -850,7 +850,8 @@ def build_parser(prog="npattn gpt"):
     t.add_argument("--eval-iters", type=_int_at_least(1), default=d["eval_iters"],
                    help=f"batches per loss estimate (default {d['eval_iters']})")
     t.add_argument("--threads", type=_int_at_least(1), default=None,
-                   help="Numba threads (default: all cores); results do not depend on it")
+                   help="Numba threads (default: all cores, shared among the ranks on one "
+                        "machine under mpiexec); results do not depend on it")
     t.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help=f"parameter dtype (default {d['dtype']})")
     t.add_argument("--resume", metavar="CKPT.npz",
@@ -882,9 +883,14 @@ def build_parser(prog="npattn gpt"):
 
 
 def _set_threads(parser, threads):
-    if threads is None:
-        return
     import numba
+    if threads is None:
+        # under mpiexec, the ranks of one machine share its cores (n ranks × all cores each
+        # would oversubscribe them, and OpenMP-style barriers spin on a busy core)
+        local = distributed.local_ranks()
+        if local > 1:
+            numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // local))
+        return
     most = numba.config.NUMBA_NUM_THREADS
     if threads > most:
         parser.error(f"argument --threads: must be an int in [1, {most}] (Numba's "
