@@ -354,8 +354,17 @@ LONG = ["--steps", "100000", "--eval-interval", "1", "--eval-iters", "1", "--n-l
         "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "4"]
 
 
+@pytest.fixture(scope="module")
+def warm(corpus, tmp_path_factory):
+    """One step of LONG's model in this process first: the kernels it needs are then in the
+    disk cache, so that the two ranks do not compile them side by side while the test waits."""
+    out = tmp_path_factory.mktemp("warm") / "warm.npz"
+    argv = ["train", "--data", str(corpus), "--out", str(out), *LONG, "--steps", "1"]
+    assert gpt.main(argv) == 0
+
+
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
-        mpiexec, corpus, tmp_path, capsys):
+        mpiexec, corpus, warm, tmp_path, capsys):
     out = tmp_path / "run.npz"
     with Job(mpiexec, ["--data", str(corpus), "--out", str(out), *LONG]) as job:
         ranks = job.ranks(out)
@@ -371,7 +380,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
 
 
 def test_a_killed_rank_ends_the_job_within_30_s_and_the_checkpoint_resumes(
-        mpiexec, corpus, tmp_path, capsys):
+        mpiexec, corpus, warm, tmp_path, capsys):
     out = tmp_path / "run.npz"
     with Job(mpiexec, ["--data", str(corpus), "--out", str(out), *LONG]) as job:
         ranks = job.ranks(out)
