@@ -114,14 +114,13 @@ def _buffer(name, array):
 
 def _ordered(rows, op, out):
     """out = rows[0] op rows[1] op ... in rank order (rows (N, ...)): the fixed order."""
-    np.copyto(out, rows[0])
-    for row in rows[1:]:
-        if op in ("sum", "avg"):
-            out += row
-        elif op == "max":
-            np.maximum(out, row, out=out)
-        else:
-            np.minimum(out, row, out=out)
+    combine = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}[op]
+    if len(rows) == 1:
+        np.copyto(out, rows[0])
+    else:
+        combine(rows[0], rows[1], out=out)          # (no copy of rows[0] first)
+    for row in rows[2:]:
+        combine(out, row, out=out)
     if op == "avg":
         out /= out.dtype.type(len(rows))
     return out
