@@ -228,6 +228,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps")
     parser.add_argument("--configs", default="baby,six", help="baby,six (default both)")
     parser.add_argument("--steps", type=int, help="timed steps (default: baby 30, six 6)")
+    parser.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
+                        help="before each row, wait up to SECONDS for other processes to leave "
+                             "the CPUs (on a shared machine)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -242,17 +245,26 @@ def main(argv=None):
     except ImportError:
         rows = [r for r in ROWS if r[1] != "torch"]
     configs = ["quick"] if args.quick else [c.strip() for c in args.configs.split(",")]
+    from .machine import CpuMeter
+    from .report import BUSY
+    meter = CpuMeter()
     for config in configs:
         steps = args.steps or STEPS[config]
         measured = []
         for label, impl, ranks, threads, options in rows:
+            if args.wait_idle:
+                meter.wait_until_quiet(args.wait_idle, BUSY)
             print(f"{config}: {label} ...", end="", flush=True)
+            before = meter.sample()
             try:
                 results = run_row(config, steps, impl, ranks, threads, options)
                 print(f" {max(r['seconds'] for r in results):.2f} s", flush=True)
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 print(f" FAILED: {error}", flush=True)
                 results = None
+            foreign = meter.foreign_share(before)
+            if foreign is not None and foreign > BUSY:
+                label += f" † ({foreign:.0%} of the CPUs used by others)"
             measured.append((label, results))
         print()
         print(table(config, steps, measured))
