@@ -618,8 +618,8 @@ def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS
         text_digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         first, opt_state = 1, None
         if resume is not None:
-            first, opt_state = _resume(resume, model, vocab, text_digest, schedule, batches) 
-            first += 1
+            done, opt_state = _resume(resume, model, vocab, text_digest, schedule, batches)
+            first = done + 1
             if stop_at is not None and stop_at < first:
                 raise UsageError(f"argument --stop-at: must be after the checkpoint's step "
                                  f"{first - 1}; got {stop_at}")
