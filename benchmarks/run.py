@@ -4,6 +4,7 @@
     python -m benchmarks --quick              # smallest sizes, few rounds: seconds
     python -m benchmarks --ops gemm,linear    # some ops only (--list shows them)
     python -m benchmarks --ops attention --no-memory   # attention, times only
+    python -m benchmarks --ops gpt-distributed  # data-parallel GPT on MPI (bench_distributed.py)
 
 Prints progress, then one Markdown table (and, in full runs or with ``--memory``, one of the
 peak resident memory of the cases that ask for it, each implementation in a fresh process);
@@ -178,9 +179,17 @@ def describe_probe(probe):
     return text
 
 
+#: Ops that run in processes of their own (not in-process cases): --ops NAME runs its module.
+SEPARATE = {"gpt-distributed": "bench_distributed"}
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.ops and args.ops.strip() in SEPARATE:     # mpiexec runs: benchmarks/bench_distributed.py
+        import importlib
+        module = importlib.import_module(f".{SEPARATE[args.ops.strip()]}", __package__)
+        return module.main(["--quick"] if args.quick else [])
     changes = {} if args.list else prepare_environment(argv, args.keep_pools, args.isa)
     cache_dir = None
     if args.cold:                                   # before Numba reads its configuration

@@ -10,8 +10,8 @@ name as the forward::
     (2, 5, 64)
 
 ``npattn.reference`` holds every formula in plain NumPy (the tests' oracle); ``npattn.models``
-holds whole models (``GPT``). Importing npattn compiles nothing: each kernel compiles on its
-first call and is cached on disk.
+holds whole models (``GPT``), ``npattn.distributed`` data-parallel training on MPI. Importing
+npattn compiles nothing: each kernel compiles on its first call and is cached on disk.
 """
 from . import reference
 from .functional.attention import (attention, attention_backward, attention_forward,
@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 
 #: Subpackages reachable as attributes after ``import npattn`` (``npattn.nn.Linear``, as with
 #: ``torch.nn``), imported on first access (PEP 562) so that ``import npattn`` stays as fast.
-SUBMODULES = ("nn", "optim", "gradcheck", "models")
+SUBMODULES = ("nn", "optim", "gradcheck", "models", "distributed")
 
 
 def __getattr__(name):
@@ -53,7 +53,7 @@ def __dir__():
     return sorted(set(globals()) | set(SUBMODULES))
 
 __all__ = [
-    "__version__", "reference", "nn", "optim", "gradcheck", "models",
+    "__version__", "reference", "nn", "optim", "gradcheck", "models", "distributed",
     "linear", "linear_forward", "linear_backward",
     "matmul", "matmul_forward", "matmul_backward",
     "softmax", "softmax_forward", "softmax_backward",

@@ -9,6 +9,7 @@ import math
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import zipfile
@@ -70,7 +71,9 @@ def test_train_writes_a_checkpoint_that_sample_loads(capsys, corpus, tmp_path):
     assert meta["config"] == dict(block_size=8, vocab_size=len(vocab), n_layer=1, n_head=2,
                                   n_embd=8, dropout=0.0, bias=True)
     with np.load(out, allow_pickle=False) as archive:             # plain NumPy reads it
-        assert set(archive.files) == set(model.state_dict()) | {gpt.META}
+        moments = {f"optimizer.{key}.{name}" for key in ("exp_avg", "exp_avg_sq")
+                   for name, _ in model.named_parameters()}
+        assert set(archive.files) == set(model.state_dict()) | {gpt.META, gpt.CHECKSUM} | moments
         for name, array in model.state_dict().items():
             np.testing.assert_array_equal(archive[name], array)
     assert f"fingerprint {gpt.fingerprint(model)}" in printed
@@ -224,8 +227,10 @@ def test_a_crash_while_saving_leaves_the_old_checkpoint(capsys, corpus, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "model.npz"]
 
 
-def test_ctrl_c_during_training_keeps_the_last_checkpoint(capsys, corpus, tmp_path,
-                                                          monkeypatch):
+def test_an_interrupt_outside_the_loop_keeps_the_last_checkpoint(capsys, corpus, tmp_path,
+                                                                monkeypatch):
+    """A KeyboardInterrupt that is not a signal at a step (here: raised by an evaluation) still
+    exits 130 with the last checkpoint, written before that evaluation."""
     out = tmp_path / "model.npz"
     evaluations = []
     real = gpt.estimate_loss
@@ -240,8 +245,38 @@ def test_ctrl_c_during_training_keeps_the_last_checkpoint(capsys, corpus, tmp_pa
     assert gpt.main(["train", "--data", str(corpus), "--out", str(out), *TINY]) == 130
     assert "interrupted" in capsys.readouterr().err
     _, _, meta = gpt.load_checkpoint(out)
-    assert meta["step"] == 2                                       # the evaluation before
+    assert meta["step"] == 4                           # written before its evaluation
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "model.npz"]
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_at_the_step_boundary_and_the_checkpoint_resumes(
+        capsys, corpus, tmp_path, monkeypatch, signum, status):
+    """SIGINT/SIGTERM during step 3 of 4: the step finishes, a checkpoint of step 3 is written,
+    exit 130/143; resuming it gives the bytes of the run that was never stopped."""
+    whole = tmp_path / "whole.npz"
+    train(capsys, corpus, whole)
+    out = tmp_path / "model.npz"
+    calls, real = [], gpt.get_batch
+
+    def signalled(*args):                              # steps 1, 2, step 2's evaluation (2)
+        calls.append(1)
+        if len(calls) == 5:                            # step 3's batch
+            os.kill(os.getpid(), signum)
+        return real(*args)
+
+    monkeypatch.setattr(gpt, "get_batch", signalled)
+    argv = ["train", "--data", str(corpus), "--out", str(out), *TINY]
+    assert gpt.main(argv) == status
+    printed = capsys.readouterr().out
+    assert f"stopped by {signal.Signals(signum).name} after step 3/4" in printed
+    assert gpt.load_checkpoint(out)[2]["step"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # restored
+    monkeypatch.undo()
+    assert gpt.main(["train", "--out", str(out), "--resume", str(out), "--eval-interval", "2",
+                     "--eval-iters", "1"]) == 0     # the run's options come from the file
+    assert "resumed from" in capsys.readouterr().out
+    assert out.read_bytes() == whole.read_bytes()
 
 
 # ------------------------------------------------------------------ bad input
@@ -286,14 +321,15 @@ def test_bad_training_input_exits_2_and_writes_nothing(capsys, corpus, tmp_path)
     assert "argument --out: must be a file in an existing directory" in err
 
 
-def _tampered(tmp_path, good, edit, name):
-    """A copy of the checkpoint ``good`` with its arrays changed by ``edit(arrays)``."""
+def _tampered(tmp_path, good, edit, name, seal=True):
+    """A copy of the checkpoint ``good`` with its arrays changed by ``edit(arrays)``, and its
+    checksum recomputed (``seal``), so that the checks behind the checksum are reached."""
     with np.load(good, allow_pickle=False) as archive:
         arrays = {k: archive[k] for k in archive.files}
     edit(arrays)
     path = tmp_path / name
     with open(path, "wb") as f:
-        gpt.write_npz(f, arrays)
+        gpt.write_npz(f, gpt.seal(arrays) if seal else arrays)
     return path
 
 
@@ -347,3 +383,60 @@ def test_bad_sampling_input_exits_2(capsys, corpus, tmp_path):
         err = refused(capsys, ["sample", "--checkpoint", str(path), *extra])
         assert re.search(message, err), (path.name, extra, err)
         assert "got" in err
+
+
+def test_stop_at_then_resume_gives_the_bytes_of_one_run(capsys, corpus, tmp_path):
+    """k steps + --resume + k steps == 2k steps, byte for byte: model, AdamW moments, step,
+    schedule position, batch sampler and dropout generators all restored (dropout on, so the
+    dropout generators matter)."""
+    whole, part = tmp_path / "whole.npz", tmp_path / "part.npz"
+    train(capsys, corpus, whole, "--dropout", "0.1")
+    printed = train(capsys, corpus, part, "--dropout", "0.1", "--stop-at", "3")
+    assert "stopped (--stop-at) after step 3/4" in printed
+    assert gpt.load_checkpoint(part)[2]["step"] == 3
+    assert gpt.main(["train", "--out", str(part), "--resume", str(part)]) == 0
+    assert part.read_bytes() == whole.read_bytes()
+
+
+def test_bad_resume_input_exits_2_with_one_line(capsys, corpus, tmp_path):
+    good = tmp_path / "good.npz"
+    train(capsys, corpus, good)
+    data = good.read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(data[:len(data) // 2])
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0xFF                    # inside some array's bytes
+    (tmp_path / "flipped.npz").write_bytes(bytes(flipped))
+    (tmp_path / "text.npz").write_text("not a zip")
+    wte = "transformer.wte.weight"
+
+    def old_format(arrays):                            # what npattn wrote before resume
+        for key in [k for k in arrays if k.startswith("optimizer.") or k == gpt.CHECKSUM]:
+            del arrays[key]
+        _meta(arrays, format="npattn-gpt-char/1", training=None)
+
+    other = tmp_path / "other.txt"
+    other.write_text(CORPUS.upper(), encoding="utf-8")
+    cases = [
+        (tmp_path / "truncated.npz", [], r"truncated.npz'.*(cannot load|damaged)"),
+        (tmp_path / "flipped.npz", [], r"flipped.npz'.*(cannot load|damaged|corrupted)"),
+        (tmp_path / "text.npz", [], r"text.npz' must be an .npz checkpoint"),
+        (_tampered(tmp_path, good, lambda a: a.update({wte: a[wte] * 2}), "unsealed.npz",
+                   seal=False), [],
+         r"unsealed.npz' is corrupted: its checksum does not match its contents"),
+        (_tampered(tmp_path, good, old_format, "old.npz", seal=False), [],
+         r"old.npz' holds no training state .*it cannot be resumed; npattn gpt sample still"),
+        (good, ["--n-layer", "2"], r"argument --n-layer: .*good.npz' was trained with 1; got 2"),
+        (good, ["--dtype", "float64"], r"argument --dtype: .* with 'float32'; got 'float64'"),
+        (good, ["--data", str(other)], r"argument --resume: .*another configuration or "
+                                       r"vocabulary"),
+        (good, ["--stop-at", "2"], r"argument --stop-at: must be after the checkpoint's step 4"),
+    ]
+    for path, extra, message in cases:
+        err = refused(capsys, ["train", "--out", str(tmp_path / "new.npz"), "--resume",
+                               str(path), *extra])
+        errors = [line for line in err.splitlines() if "error:" in line]
+        assert len(errors) == 1 and "Traceback" not in err, err
+        assert re.search(message, errors[0]), (path.name, extra, err)
+        assert not (tmp_path / "new.npz").exists()
+    # the old format still samples
+    assert sample(capsys, tmp_path / "old.npz", "--max-new-tokens", "5")

@@ -27,6 +27,7 @@ ALLOWED = {
     "npattn.gradcheck": {"numpy", "npattn._checks"},
     "npattn.models": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn",
                       "npattn.models"},
+    "npattn.distributed": {"numpy", "npattn.nn", "npattn.optim", "mpi4py"},
 }
 
 

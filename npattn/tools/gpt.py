@@ -26,13 +26,31 @@ Python. ``--data FILE`` takes any UTF-8 text instead.
 
 **Checkpoints** are ``.npz`` files (NumPy's zip of ``.npy`` arrays, loadable with ``np.load``
 without pickles): every entry of ``model.state_dict()`` under nanoGPT's names
-(``transformer.h.0.attn.c_attn.weight``...; the tied ``lm_head.weight`` too) plus ``meta``, a
-JSON string with the format tag, the GPTConfig, the vocabulary, the dtype and the run's
-settings. The zip entries carry a fixed date, so the same seed gives the same file, byte for
-byte. A checkpoint is written to a temporary file in the same directory, flushed to disk
-(``fsync``) and renamed over the target (``os.replace``, atomic): a crash or Ctrl-C leaves the
-previous checkpoint or none, never half of one. Ctrl-C during training stops at once; the
-last checkpoint written (at the last evaluation) stays.
+(``transformer.h.0.attn.c_attn.weight``...; the tied ``lm_head.weight`` too), AdamW's moments
+(``optimizer.exp_avg.<name>``, ``optimizer.exp_avg_sq.<name>``), ``meta``, a JSON string with
+the format tag (``npattn-gpt-char/2``), the GPTConfig, the vocabulary, the dtype, the run's
+settings and its training state (step, the optimiser's options and steps, the learning-rate
+schedule's state, the batch and dropout generators' states), and ``checksum``, the sha256 of
+all the others. The zip entries carry a fixed date, so the same seed gives the same file, byte
+for byte. A checkpoint is written to a temporary file in the same directory, flushed to disk
+(``fsync``) and renamed over the target (``os.replace``, atomic): a crash leaves the previous
+checkpoint or none, never half of one. A truncated, corrupted (checksum) or foreign file is
+refused with one line naming it; format 1 files (before resuming existed) still sample.
+
+**Resuming**: ``--resume CKPT`` continues the run of CKPT from its step to ``--steps`` (the run's
+total, as nanoGPT's ``max_iters``); the run's options are taken from the file (given ones must
+match), and k steps + resume + k steps write the bytes of 2k steps in one run. ``--stop-at
+STEP`` ends a run early with a checkpoint (a cluster job's time limit). SIGINT (Ctrl-C) or
+SIGTERM during training finishes the current step, writes a checkpoint and exits with 130 or
+143; that checkpoint resumes.
+
+**Data-parallel**: under ``mpiexec -n N`` (or ``srun``) each rank trains on its B/N rows of the
+global batch of ``--batch-size`` B (every rank draws the global batch's windows from the same
+generator and keeps its slice, so the run sees the batches of one process), the gradients
+averaged across the ranks in a fixed order (:mod:`npattn.distributed`); only rank 0 prints,
+evaluates and writes. ``--zero`` shards AdamW's moments across the ranks (ZeRO-1) with the
+same results. Errors on any rank, or options that differ between ranks, stop every rank with
+exit status 2 before training starts.
 
 Bad input -- a missing or non-UTF-8 ``--data``, a corpus too short for ``--block-size``, a
 ``--prompt`` with characters outside the vocabulary, a checkpoint with missing, extra or
@@ -46,22 +64,36 @@ misshapen arrays -- is refused before anything is written, with a message naming
 Not yet here: gradient clipping (``nn.utils.clip_grad_norm_``).
 """
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import zipfile
 
 import numpy as np
 
+from .. import distributed
 from ..models import GPT, GPTConfig
 from ..optim import AdamW, CosineAnnealingLR, LinearLR, SequentialLR
 
-FORMAT = "npattn-gpt-char/1"     # the checkpoint's format tag (meta["format"])
+FORMAT = "npattn-gpt-char/2"     # the checkpoint's format tag (meta["format"])
+OLD_FORMATS = ("npattn-gpt-char/1",)   # loadable by sample; no training state, no checksum
 META = "meta"                    # the npz entry holding the JSON metadata
+CHECKSUM = "checksum"            # the npz entry holding the sha256 of all the others
+OPTIMIZER = "optimizer"          # AdamW's moments: optimizer.exp_avg.<parameter name>...
+MOMENTS = ("exp_avg", "exp_avg_sq")
+#: The options that define a run: a resumed run takes them from the checkpoint, and refuses
+#: a different value (the run would not be the one that was stopped).
+RUN_OPTIONS = ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout",
+               "lr", "weight_decay", "seed", "dtype")
 DEFAULT_CORPUS = "pydoc_data.topics"
 #: A fixed zip entry date (the zip format's earliest): the same arrays give the same file.
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
@@ -252,22 +284,73 @@ def atomic_write(path, arrays):
         os.close(dir_fd)
 
 
-def checkpoint_arrays(model, vocab, settings):
-    """The npz entries of a checkpoint: the state_dict and the JSON ``meta``."""
-    meta = dict(format=FORMAT, config=dict(vars(model.config)), vocab=vocab.chars,
-                dtype=np.dtype(model.transformer.wte.weight.dtype).name, **settings)
-    arrays = {name: np.ascontiguousarray(a) for name, a in model.state_dict().items()}
-    arrays[META] = np.array(json.dumps(meta, ensure_ascii=False, sort_keys=True))
+def digest(arrays):
+    """The checkpoint's checksum: sha256 over every entry but ``checksum`` itself, in name order
+    (name, dtype, shape and bytes of each), as hex."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        if name == CHECKSUM:
+            continue
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def seal(arrays):
+    """``arrays`` with their ``checksum`` entry (re)computed: what a checkpoint is written as."""
+    arrays = {k: v for k, v in arrays.items() if k != CHECKSUM}
+    arrays[CHECKSUM] = np.array(digest(arrays))
     return arrays
 
 
-def save_checkpoint(path, model, vocab, settings):
-    atomic_write(path, checkpoint_arrays(model, vocab, settings))
+def _by_position(model, opt):
+    """The names of ``opt``'s parameters by position (across its groups, as its state dict
+    numbers them)."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    return [names[id(p)] for group in opt.param_groups for p in group["params"]]
 
 
-def load_checkpoint(path, argument="--checkpoint"):
-    """(model, vocab, meta) from a checkpoint; UsageError naming ``argument``, the file and the
-    offending key when it is not one this command wrote for this model."""
+def checkpoint_arrays(model, vocab, settings, training=None):
+    """The npz entries of a checkpoint: the state_dict, the JSON ``meta`` and the checksum.
+
+    ``training`` (what a resumed run needs) is ``optimizer``: the AdamW state dict
+    (``Optimizer.state_dict()``'s layout, whole moments), ``names``: its parameters' names by
+    position (``_by_position``), ``schedule``: the scheduler's state
+    dict, ``batches``: the batch generator's ``bit_generator.state``, ``generators``: each
+    module's dropout generator state, ``world_size``. The moments become the entries
+    ``optimizer.exp_avg.<parameter name>`` and ``optimizer.exp_avg_sq.<name>``; the rest is
+    JSON in ``meta["training"]`` (floats written by Python's repr: read back exactly)."""
+    meta = dict(format=FORMAT, config=dict(vars(model.config)), vocab=vocab.chars,
+                dtype=np.dtype(model.transformer.wte.weight.dtype).name, **settings)
+    arrays = {name: np.ascontiguousarray(a) for name, a in model.state_dict().items()}
+    if training is not None:
+        training = dict(training)
+        opt = training.pop("optimizer")
+        names = training.pop("names")                                 # position -> name
+        steps = {}
+        for position in sorted(opt["state"]):         # one order, however it was gathered
+            entry = opt["state"][position]
+            steps[names[position]] = entry["step"]
+            for key in MOMENTS:
+                arrays[f"{OPTIMIZER}.{key}.{names[position]}"] = np.ascontiguousarray(entry[key])
+        training["optimizer"] = dict(
+            steps=steps, param_groups=[{k: (list(v) if isinstance(v, tuple) else v)
+                                        for k, v in g.items()} for g in opt["param_groups"]])
+        meta["training"] = training
+    arrays[META] = np.array(json.dumps(meta, ensure_ascii=False, sort_keys=True))
+    return seal(arrays)
+
+
+def save_checkpoint(path, model, vocab, settings, training=None):
+    atomic_write(path, checkpoint_arrays(model, vocab, settings, training))
+
+
+def read_checkpoint(path, argument="--checkpoint"):
+    """(meta, arrays) of a checkpoint file, its format and checksum checked; UsageError naming
+    ``argument`` and the file, with what is wrong, for anything else (a missing, truncated,
+    corrupted or foreign file). Checkpoints of format 1 (no checksum, no training state)
+    load too: ``meta["format"]`` says which it is."""
     where = f"argument {argument}: {path!r}"
     try:
         archive = np.load(path, allow_pickle=False)
@@ -284,41 +367,103 @@ def load_checkpoint(path, argument="--checkpoint"):
         if META not in archive.files:
             raise UsageError(f"{where} must hold the key {META!r} (an npattn gpt checkpoint); "
                              f"got keys {sorted(archive.files)[:5]}...")
-        try:
-            meta = json.loads(str(archive[META]))
-            if meta.get("format") != FORMAT:
-                raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-            config = GPTConfig(**meta["config"])
-            vocab = Vocabulary(meta["vocab"])
-            if len(vocab) != config.vocab_size or len(set(vocab.chars)) != len(vocab):
-                raise ValueError(f"a vocabulary of {len(vocab)} characters for vocab_size "
-                                 f"{config.vocab_size}")
-            dtype = np.dtype(meta["dtype"])
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
-            raise UsageError(f"{where}: its key {META!r} must describe an npattn gpt model; "
-                             f"got {error}") from None
-        model = GPT(config, dtype=dtype, rng=0)
-        expected = {name: a.shape for name, a in model.state_dict().items()}
-        weights = [k for k in archive.files if k != META]
-        missing = sorted(set(expected) - set(weights))
-        unexpected = sorted(set(weights) - set(expected))
-        if missing or unexpected:
-            raise UsageError(f"{where} must hold the arrays of its config ({config.n_layer} "
-                             f"layer(s), n_embd {config.n_embd}); got missing keys {missing}, "
-                             f"unexpected keys {unexpected}")
-        state = {}
-        for name in expected:
-            array = archive[name]
-            if array.shape != expected[name] or array.dtype != dtype:
-                raise UsageError(f"{where}: key {name!r} must be a {dtype} array of shape "
-                                 f"{expected[name]}; got {array.dtype} {array.shape}")
-            state[name] = array
+        try:                            # a damaged entry fails its zip CRC or its .npy header
+            arrays = {name: archive[name] for name in archive.files}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as error:
+            raise UsageError(f"{where} is damaged (truncated or corrupted): "
+                             f"{' '.join(str(error).split())}") from None
+    try:
+        meta = json.loads(str(arrays[META]))
+        if not isinstance(meta, dict):
+            raise ValueError(f"a {type(meta).__name__}, expected a JSON object")
+        if meta.get("format") not in (FORMAT, *OLD_FORMATS):
+            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"{where}: its key {META!r} must describe an npattn gpt model; "
+                         f"got {error}") from None
+    if meta["format"] == FORMAT:
+        if CHECKSUM not in arrays:
+            raise UsageError(f"{where} must hold its checksum (key {CHECKSUM!r}); got none")
+        if str(arrays[CHECKSUM]) != digest(arrays):
+            raise UsageError(f"{where} is corrupted: its checksum does not match its contents "
+                             f"(stored {str(arrays[CHECKSUM])[:16]}..., computed "
+                             f"{digest(arrays)[:16]}...)")
+    return meta, arrays
+
+
+def _model_of(meta, arrays, where):
+    """The GPT of a checkpoint's meta and arrays, checked; UsageError naming ``where``."""
+    try:
+        config = GPTConfig(**meta["config"])
+        vocab = Vocabulary(meta["vocab"])
+        if len(vocab) != config.vocab_size or len(set(vocab.chars)) != len(vocab):
+            raise ValueError(f"a vocabulary of {len(vocab)} characters for vocab_size "
+                             f"{config.vocab_size}")
+        dtype = np.dtype(meta["dtype"])
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise UsageError(f"{where}: its key {META!r} must describe an npattn gpt model; "
+                         f"got {error}") from None
+    model = GPT(config, dtype=dtype, rng=0)
+    expected = {name: a.shape for name, a in model.state_dict().items()}
+    weights = [k for k in arrays if k not in (META, CHECKSUM)
+               and not k.startswith(OPTIMIZER + ".")]
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise UsageError(f"{where} must hold the arrays of its config ({config.n_layer} "
+                         f"layer(s), n_embd {config.n_embd}); got missing keys {missing}, "
+                         f"unexpected keys {unexpected}")
+    state = {}
+    for name in expected:
+        array = arrays[name]
+        if array.shape != expected[name] or array.dtype != dtype:
+            raise UsageError(f"{where}: key {name!r} must be a {dtype} array of shape "
+                             f"{expected[name]}; got {array.dtype} {array.shape}")
+        state[name] = array
     try:
         model.load_state_dict(state)
     except ValueError as error:                      # e.g. the two tied names differ
         raise UsageError(f"{where}: {error}") from None      # (its own "; got ...")
+    return model, vocab
+
+
+def load_checkpoint(path, argument="--checkpoint"):
+    """(model, vocab, meta) from a checkpoint; UsageError naming ``argument``, the file and the
+    offending key when it is not one this command wrote for this model."""
+    meta, arrays = read_checkpoint(path, argument)
+    model, vocab = _model_of(meta, arrays, f"argument {argument}: {path!r}")
     model.eval()
     return model, vocab, meta
+
+
+def training_state(meta, arrays, model, opt, where):
+    """The state dict of ``opt`` (``model``'s AdamW) stored in a checkpoint;
+    UsageError naming ``where`` when the file holds none (format 1) or a damaged one."""
+    if meta["format"] != FORMAT or "training" not in meta:
+        raise UsageError(f"{where} holds no training state (format {meta['format']!r}, "
+                         f"written before npattn could resume): it cannot be resumed; "
+                         "npattn gpt sample still loads it")
+    training = meta["training"]
+    try:
+        saved = training["optimizer"]
+        state = {}
+        params = dict(model.named_parameters())
+        for position, name in enumerate(_by_position(model, opt)):
+            param = params[name]
+            if name not in saved["steps"]:
+                continue
+            entry = {"step": float(saved["steps"][name])}
+            for key in MOMENTS:
+                array = arrays[f"{OPTIMIZER}.{key}.{name}"]
+                if array.shape != param.data.shape or array.dtype != param.data.dtype:
+                    raise ValueError(f"{OPTIMIZER}.{key}.{name} is {array.dtype} "
+                                     f"{array.shape}, expected {param.data.dtype} "
+                                     f"{param.data.shape}")
+                entry[key] = array
+            state[position] = entry
+        return {"state": state, "param_groups": saved["param_groups"]}
+    except (KeyError, TypeError, ValueError) as error:
+        raise UsageError(f"{where}: its training state is incomplete ({error})") from None
 
 
 def fingerprint(model):
@@ -353,29 +498,141 @@ def prepare(data=None, block_size=DEFAULTS["block_size"]):
     return text, description, vocab, train_ids, val_ids
 
 
+class StopSignals:
+    """SIGINT and SIGTERM, while training: the first one received is remembered (``signum``)
+    instead of interrupting, so that the loop can finish its step and write a checkpoint.
+    Restores the previous handlers on exit. Outside the main thread (where Python cannot set
+    handlers) it does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+
+    def _handler(self, signum, frame):
+        self.signum = self.signum or signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        return False
+
+
+def agree(world, error, options=None):
+    """Every rank's verdict before anything collective: raises UsageError on every rank when
+    any rank has an ``error`` (the lowest rank's, naming it when not rank 0), or when the
+    ranks' ``options`` differ (naming the first that does). A collective call: every rank must
+    make it, in the same order, so that no rank waits forever for one that gave up."""
+    reports = world.allgather_object((None if error is None else str(error), options))
+    for rank, (message, _) in enumerate(reports):
+        if message is not None:
+            raise UsageError(message if rank == 0 else f"{message} (on rank {rank})")
+    first = reports[0][1] or {}
+    for rank, (_, theirs) in enumerate(reports[1:], 1):
+        for key in sorted(set(first) | set(theirs or {})):
+            if first.get(key) != (theirs or {}).get(key):
+                raise UsageError(f"argument --{key.replace('_', '-')}: every rank must be given "
+                                 f"the same value; got {first.get(key)!r} on rank 0 and "
+                                 f"{(theirs or {}).get(key)!r} on rank {rank}")
+
+
+def resume_options(path, given):
+    """``given`` (option -> value or None) completed from the checkpoint ``path``: options
+    left out take the checkpoint's values (--data too); a run option (RUN_OPTIONS) given
+    with another value is a UsageError, as is a checkpoint that cannot be resumed."""
+    meta, _ = read_checkpoint(path, "--resume")
+    where = f"argument --resume: {path!r}"
+    if meta["format"] != FORMAT or "training" not in meta:
+        raise UsageError(f"{where} holds no training state (format {meta['format']!r}, "
+                         f"written before npattn could resume): it cannot be resumed; "
+                         "npattn gpt sample still loads it")
+    try:
+        saved = {**{k: meta["config"][k] for k in ("block_size", "n_layer", "n_head",
+                                                   "n_embd", "dropout")},
+                 **{k: meta[k] for k in ("steps", "batch_size", "lr", "weight_decay", "seed",
+                                         "dtype")}}
+        data = meta["data"]
+    except (KeyError, TypeError) as error:
+        raise UsageError(f"{where}: its key {META!r} lacks the run's options ({error})") from None
+    options = dict(given)
+    for name in RUN_OPTIONS:
+        if options.get(name) is None:
+            options[name] = saved[name]
+        elif options[name] != saved[name]:
+            raise UsageError(f"argument --{name.replace('_', '-')}: {path!r} was trained with "
+                             f"{saved[name]!r}; got {options[name]!r} (leave it out to continue "
+                             "the run as it was)")
+    if options.get("data") is None:
+        options["data"] = data
+    return options
+
+
 def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS["batch_size"],
           block_size=DEFAULTS["block_size"], n_layer=DEFAULTS["n_layer"],
           n_head=DEFAULTS["n_head"], n_embd=DEFAULTS["n_embd"], dropout=DEFAULTS["dropout"],
           lr=DEFAULTS["lr"], weight_decay=DEFAULTS["weight_decay"], seed=DEFAULTS["seed"],
           eval_interval=DEFAULTS["eval_interval"], eval_iters=DEFAULTS["eval_iters"],
-          dtype=DEFAULTS["dtype"], sample_chars=200, write=print):
+          dtype=DEFAULTS["dtype"], sample_chars=200, write=print, resume=None, zero=False,
+          stop_at=None, world=None):
     """Train a character-level GPT on ``data`` (a path; None: the default corpus) and write the
     checkpoint ``out`` at every evaluation and at the end. Returns a dict of the losses, the
-    model, the vocabulary, timings and ``lrs``, each step's learning rate. Raises UsageError
-    on bad input, before writing."""
-    text, description, vocab, train_ids, val_ids = prepare(data, block_size)
-    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        raise UsageError(f"argument --out: must be a file in an existing directory; got {out!r}")
-    config = GPTConfig(block_size=block_size, vocab_size=len(vocab), n_layer=n_layer,
-                       n_head=n_head, n_embd=n_embd, dropout=dropout, bias=True)
-    # one seed, independent streams: weights, dropout masks, training batches, evaluation
-    model = GPT(config, dtype=np.dtype(dtype), rng=np.random.default_rng([seed, 0]),
-                seed=np.random.default_rng([seed, 1]))
-    batches = np.random.default_rng([seed, 2])
-    opt = optimizer(model, lr, weight_decay)
-    schedule = lr_schedule(opt, steps, lr)
-    settings = dict(corpus=description, steps=steps, batch_size=batch_size, lr=lr,
-                    weight_decay=weight_decay, seed=seed)
+    model, the vocabulary, timings, ``lrs`` (each step's learning rate) and ``stopped`` (the
+    signal that stopped the run, 0 if none). Raises UsageError on bad input, before writing.
+
+    ``resume``: a checkpoint of this run to continue from its step (model, AdamW moments,
+    schedule, batch and dropout generators). ``stop_at``: stop after this step (a checkpoint is
+    written; ``steps`` stays the run's length). SIGINT/SIGTERM stop the run at the next step
+    boundary the same way. ``world``: the communicator (default ``distributed.init()``): with
+    N ranks each trains on its B/N rows of the global batch, only rank 0 writes; ``zero``
+    shards AdamW's state (ZeRO-1).
+    """
+    world = distributed.init() if world is None else world
+    rank, size = world.rank, world.size
+    if rank != 0:
+        write = _silent
+    error = None
+    try:                 # everything that can refuse the input, on every rank, then agree
+        if batch_size % size:
+            raise UsageError(f"argument --batch-size: must be divisible by the number of ranks "
+                             f"{size} (each rank trains on batch_size / {size} sequences of the "
+                             f"global batch); got {batch_size}")
+        text, description, vocab, train_ids, val_ids = prepare(data, block_size)
+        if os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+            raise UsageError(f"argument --out: must be a file in an existing directory; got "
+                             f"{out!r}")
+        config = GPTConfig(block_size=block_size, vocab_size=len(vocab), n_layer=n_layer,
+                           n_head=n_head, n_embd=n_embd, dropout=dropout, bias=True)
+        # one seed, independent streams: weights, dropout masks, training batches, evaluation
+        model = GPT(config, dtype=np.dtype(dtype), rng=np.random.default_rng([seed, 0]),
+                    seed=np.random.default_rng([seed, 1]))
+        batches = np.random.default_rng([seed, 2])
+        opt = optimizer(model, lr, weight_decay)
+        schedule = lr_schedule(opt, steps, lr)
+        text_digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        first, opt_state = 1, None
+        if resume is not None:
+            done, opt_state = _resume(resume, model, vocab, text_digest, schedule, batches)
+            first = done + 1
+            if stop_at is not None and stop_at < first:
+                raise UsageError(f"argument --stop-at: must be after the checkpoint's step "
+                                 f"{first - 1}; got {stop_at}")
+    except UsageError as caught:
+        error = caught
+    agree(world, error)
+    settings = dict(corpus=description, data=data, data_sha256=text_digest, steps=steps,
+                    batch_size=batch_size, lr=lr, weight_decay=weight_decay, seed=seed)
+    ddp = distributed.DistributedDataParallel(model, world=world)
+    sharded = distributed.ZeroRedundancyOptimizer(opt, ddp) if zero else None
+    stepper = sharded or opt
+    if opt_state is not None:
+        stepper.load_state_dict(opt_state)
     n_params = sum(p.data.size for p in model.parameters())
     write(f"corpus: {description}: {len(text):,} characters, vocabulary of {len(vocab)} "
           f"({len(train_ids):,} train, {len(val_ids):,} validation)")
@@ -383,51 +640,124 @@ def train(data=None, out="gpt.npz", steps=DEFAULTS["steps"], batch_size=DEFAULTS
           f"n_embd {n_embd}, block {block_size}, "
           f"{n_params:,} parameters, {np.dtype(dtype).name}; {steps} steps of batch "
           f"{batch_size}, AdamW lr {lr:g} (warmup, cosine to {lr / 10:g}), seed {seed}")
+    if size > 1:
+        write(f"data-parallel: {world.name}, {batch_size // size} sequences per rank"
+              f"{', ZeRO-1 sharded AdamW' if zero else ''}")
+    if first > 1:
+        write(f"resumed from {resume} at step {first - 1}")
+
+    def checkpoint(step):                      # collective under ZeRO: every rank calls it
+        training = dict(optimizer=stepper.state_dict(), names=_by_position(model, opt),
+                        schedule=schedule.state_dict(),
+                        batches=batches.bit_generator.state,
+                        generators={path: m._generator.bit_generator.state
+                                    for path, m in model.named_modules()
+                                    if hasattr(m, "_generator")},
+                        world_size=size)
+        if rank == 0:
+            save_checkpoint(out, model, vocab, dict(settings, step=step), training)
+
     history = []
+    rows = batch_size // size                                   # this rank's rows
     tokens_per_step = batch_size * block_size
     start = last_time = time.perf_counter()
-    train_seconds, last_step = 0.0, 0
+    train_seconds, last_step, step = 0.0, first - 1, first - 1
     lrs = []                                                    # the rate of each step
-    for step in range(1, steps + 1):
-        lrs.append(opt.param_groups[0]["lr"])
-        x, y = get_batch(train_ids, block_size, batch_size, batches)
-        model.zero_grad()
-        _, loss = model(x, y)
-        model.backward()
-        opt.step()
-        schedule.step()
-        if step % eval_interval == 0 or step == steps:
-            now = time.perf_counter()
-            train_seconds += now - last_time
-            rate = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
-            evals = np.random.default_rng([seed, 3, step])
-            train_loss = estimate_loss(model, train_ids, block_size, batch_size, eval_iters,
-                                       evals)
-            val_loss = estimate_loss(model, val_ids, block_size, batch_size, eval_iters, evals)
-            save_checkpoint(out, model, vocab, dict(settings, step=step))
-            elapsed = time.perf_counter() - start
-            left = elapsed / step * (steps - step)
-            history.append(dict(step=step, loss=float(loss), train_loss=train_loss,
-                                val_loss=val_loss, tokens_per_second=rate))
-            write(f"step {step:>{len(str(steps))}}/{steps}  train loss {train_loss:.4f}  "
-                  f"val loss {val_loss:.4f}  {rate:,.0f} tokens/s  {_clock(elapsed)} elapsed, "
-                  f"{_clock(left)} left")
-            last_time, last_step = time.perf_counter(), step
+    last = steps if stop_at is None else min(stop_at, steps)
+    with StopSignals() as signals:
+        for step in range(first, last + 1):
+            lrs.append(opt.param_groups[0]["lr"])
+            x, y = get_batch(train_ids, block_size, batch_size, batches)   # the global batch
+            x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+            model.zero_grad()
+            _, loss = model(x, y)
+            ddp.backward()
+            stepper.step()
+            schedule.step()
+            stopped = world.flag(signals.signum)        # all ranks stop at the same step
+            if stopped or (step == last and last < steps):
+                checkpoint(step)
+                how = (f"stopped by {signal.Signals(stopped).name}" if stopped
+                       else "stopped (--stop-at)")
+                write(f"{how} after step {step}/{steps}; checkpoint {out} (continue with "
+                      f"--resume {out})")
+                return dict(history=history, model=model, vocab=vocab, stopped=stopped,
+                            step=step, lrs=lrs, fingerprint=fingerprint(model), ddp=ddp,
+                            optimizer=stepper)
+            if step % eval_interval == 0 or step == steps:
+                checkpoint(step)
+                if rank != 0:
+                    continue
+                now = time.perf_counter()
+                train_seconds += now - last_time
+                rate = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+                evals = np.random.default_rng([seed, 3, step])
+                train_loss = estimate_loss(model, train_ids, block_size, batch_size,
+                                           eval_iters, evals)
+                val_loss = estimate_loss(model, val_ids, block_size, batch_size, eval_iters,
+                                         evals)
+                elapsed = time.perf_counter() - start
+                left = elapsed / (step - first + 1) * (steps - step)
+                history.append(dict(step=step, loss=float(loss), train_loss=train_loss,
+                                    val_loss=val_loss, tokens_per_second=rate))
+                write(f"step {step:>{len(str(steps))}}/{steps}  train loss {train_loss:.4f}  "
+                      f"val loss {val_loss:.4f}  {rate:,.0f} tokens/s  {_clock(elapsed)} "
+                      f"elapsed, {_clock(left)} left")
+                last_time, last_step = time.perf_counter(), step
     seconds = time.perf_counter() - start
-    digest = fingerprint(model)
+    digest_ = fingerprint(model)
+    result = dict(history=history, model=model, vocab=vocab, seconds=seconds,
+                  fingerprint=digest_, sample=None, lrs=lrs, stopped=0, step=step, ddp=ddp,
+                  optimizer=stepper)
+    if rank != 0:
+        return result
     final = history[-1]
-    write(f"done: {steps} steps in {seconds:.1f} s ({steps * tokens_per_step / train_seconds:,.0f}"
+    write(f"done: {steps} steps in {seconds:.1f} s "
+          f"({(steps - first + 1) * tokens_per_step / max(train_seconds, 1e-9):,.0f}"
           f" training tokens/s), val loss {final['val_loss']:.4f}; checkpoint {out} "
-          f"(weights fingerprint {digest})")
-    sample_text = None
+          f"(weights fingerprint {digest_})")
     if sample_chars:
         prompt = "\n" if "\n" in vocab.index else vocab.chars[0]
         ids = model.generate(vocab.encode(prompt)[None], sample_chars, top_k=None, seed=seed)
-        sample_text = vocab.decode(ids[0, 1:])
+        result["sample"] = vocab.decode(ids[0, 1:])
         write(f"a sample ({sample_chars} characters, npattn gpt sample --checkpoint {out} for "
-              f"more):\n{sample_text}")
-    return dict(history=history, model=model, vocab=vocab, seconds=seconds, fingerprint=digest,
-                sample=sample_text, lrs=lrs)
+              f"more):\n{result['sample']}")
+    return result
+
+
+def _silent(*args, **kwargs):
+    pass
+
+
+def _resume(path, model, vocab, text_digest, schedule, batches):
+    """Load the training state of checkpoint ``path`` into the fresh ``model``, ``schedule``
+    and ``batches`` of the same run; returns (its step, the optimiser's state dict)."""
+    where = f"argument --resume: {path!r}"
+    meta, arrays = read_checkpoint(path, "--resume")
+    saved, saved_vocab = _model_of(meta, arrays, where)
+    if saved_vocab.chars != vocab.chars or saved.config != model.config:
+        raise UsageError(f"{where} is a model of another configuration or vocabulary (its "
+                         f"config {vars(saved.config)}, {len(saved_vocab)} characters); got "
+                         f"{vars(model.config)}, {len(vocab)} characters")
+    if saved.transformer.wte.weight.dtype != model.transformer.wte.weight.dtype:
+        raise UsageError(f"{where} holds {meta['dtype']} weights; got --dtype "
+                         f"{model.transformer.wte.weight.dtype}")
+    if meta.get("data_sha256") not in (None, text_digest):
+        raise UsageError(f"argument --data: must be the corpus {where} was trained on "
+                         f"({meta.get('corpus')}); got a text whose sha256 differs")
+    state = training_state(meta, arrays, model, schedule.optimizer, where)
+    try:
+        training = meta["training"]
+        model.load_state_dict(saved.state_dict())
+        schedule.load_state_dict(training["schedule"])
+        batches.bit_generator.state = training["batches"]
+        for name, module in model.named_modules():
+            if hasattr(module, "_generator"):
+                module._generator.bit_generator.state = training["generators"][name]
+        step = int(meta["step"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise UsageError(f"{where}: its training state is incomplete ({error})") from None
+    return step, state
 
 
 # ------------------------------------------------------------------ sample
@@ -494,25 +824,25 @@ def build_parser(prog="npattn gpt"):
                    help=f"UTF-8 text to train on (default: Python's {DEFAULT_CORPUS})")
     t.add_argument("--out", metavar="CKPT.npz", default="gpt.npz",
                    help="checkpoint to write (default gpt.npz), atomically")
-    t.add_argument("--steps", type=_int_at_least(1), default=d["steps"],
+    t.add_argument("--steps", type=_int_at_least(1), default=None,
                    help=f"training steps (default {d['steps']})")
-    t.add_argument("--batch-size", type=_int_at_least(1), default=d["batch_size"],
+    t.add_argument("--batch-size", type=_int_at_least(1), default=None,
                    help=f"sequences per step (default {d['batch_size']})")
-    t.add_argument("--block-size", type=_int_at_least(1), default=d["block_size"],
+    t.add_argument("--block-size", type=_int_at_least(1), default=None,
                    help=f"context length in characters (default {d['block_size']})")
-    t.add_argument("--n-layer", type=_int_at_least(1), default=d["n_layer"],
+    t.add_argument("--n-layer", type=_int_at_least(1), default=None,
                    help=f"transformer blocks (default {d['n_layer']})")
-    t.add_argument("--n-head", type=_int_at_least(1), default=d["n_head"],
+    t.add_argument("--n-head", type=_int_at_least(1), default=None,
                    help=f"attention heads (default {d['n_head']})")
-    t.add_argument("--n-embd", type=_int_at_least(1), default=d["n_embd"],
+    t.add_argument("--n-embd", type=_int_at_least(1), default=None,
                    help=f"embedding width, a multiple of --n-head (default {d['n_embd']})")
-    t.add_argument("--dropout", type=_real(0.0, 1.0), default=d["dropout"],
+    t.add_argument("--dropout", type=_real(0.0, 1.0), default=None,
                    help=f"dropout probability (default {d['dropout']})")
-    t.add_argument("--lr", type=_real(0.0, low_open=True), default=d["lr"],
+    t.add_argument("--lr", type=_real(0.0, low_open=True), default=None,
                    help=f"peak AdamW learning rate (default {d['lr']:g})")
-    t.add_argument("--weight-decay", type=_real(0.0), default=d["weight_decay"],
+    t.add_argument("--weight-decay", type=_real(0.0), default=None,
                    help=f"AdamW weight decay of the 2-D weights (default {d['weight_decay']})")
-    t.add_argument("--seed", type=_int_at_least(0), default=d["seed"],
+    t.add_argument("--seed", type=_int_at_least(0), default=None,
                    help="seeds weights, batches and dropout: same seed, same checkpoint")
     t.add_argument("--eval-interval", type=_int_at_least(1), default=d["eval_interval"],
                    help=f"steps between evaluations and checkpoints (default "
@@ -520,9 +850,19 @@ def build_parser(prog="npattn gpt"):
     t.add_argument("--eval-iters", type=_int_at_least(1), default=d["eval_iters"],
                    help=f"batches per loss estimate (default {d['eval_iters']})")
     t.add_argument("--threads", type=_int_at_least(1), default=None,
-                   help="Numba threads (default: all cores); results do not depend on it")
-    t.add_argument("--dtype", choices=("float32", "float64"), default=d["dtype"],
+                   help="Numba threads (default: all cores, shared among the ranks on one "
+                        "machine under mpiexec); results do not depend on it")
+    t.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help=f"parameter dtype (default {d['dtype']})")
+    t.add_argument("--resume", metavar="CKPT.npz",
+                   help="continue the run of this checkpoint from its step to --steps (its "
+                        "options are the run's: leave them out, or give the same values)")
+    t.add_argument("--stop-at", type=_int_at_least(1), default=None, metavar="STEP",
+                   help="stop after this step with a checkpoint (the run stays --steps long: "
+                        "continue it with --resume)")
+    t.add_argument("--zero", action="store_true",
+                   help="under mpiexec: shard AdamW's state across the ranks (ZeRO-1); same "
+                        "results, 1/N of the optimizer memory per rank")
     s = commands.add_parser("sample", help="print text sampled from a checkpoint",
                             description="Load a checkpoint of npattn gpt train and print the "
                                         "prompt followed by sampled characters.")
@@ -543,9 +883,14 @@ def build_parser(prog="npattn gpt"):
 
 
 def _set_threads(parser, threads):
-    if threads is None:
-        return
     import numba
+    if threads is None:
+        # under mpiexec, the ranks of one machine share its cores (n ranks × all cores each
+        # would oversubscribe them, and OpenMP-style barriers spin on a busy core)
+        local = distributed.local_ranks()
+        if local > 1:
+            numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // local))
+        return
     most = numba.config.NUMBA_NUM_THREADS
     if threads > most:
         parser.error(f"argument --threads: must be an int in [1, {most}] (Numba's "
@@ -554,6 +899,28 @@ def _set_threads(parser, threads):
 
 
 def main(argv=None, prog="npattn gpt"):
+    if distributed.launched_rank() != 0:      # under mpiexec only rank 0 prints
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return _main(argv, prog)
+    return _main(argv, prog)
+
+
+def _train_options(args):
+    """train()'s keyword arguments from the parsed options: the checkpoint's run options when
+    resuming (resume_options), otherwise DEFAULTS for those left out."""
+    given = {k: v for k, v in vars(args).items() if k not in ("action", "threads")}
+    if args.resume is not None:
+        options = resume_options(args.resume, given)
+    else:
+        options = {k: DEFAULTS[k] if v is None and k in DEFAULTS else v
+                   for k, v in given.items()}
+    if options["n_embd"] % options["n_head"]:
+        raise UsageError(f"argument --n-embd: must be a multiple of --n-head = "
+                         f"{options['n_head']}; got {options['n_embd']}")
+    return options
+
+
+def _main(argv, prog):
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.action is None:
@@ -561,24 +928,39 @@ def main(argv=None, prog="npattn gpt"):
         return 2
     sub = f"{prog} {args.action}"
     _set_threads(parser.commands[args.action], args.threads)
+    world = None
     try:
         if args.action == "train":
-            if args.n_embd % args.n_head:
-                raise UsageError(f"argument --n-embd: must be a multiple of --n-head = "
-                                 f"{args.n_head}; got {args.n_embd}")
-            options = {k: v for k, v in vars(args).items() if k not in ("action", "threads")}
             try:
-                train(**options)
+                world = distributed.init()
+            except RuntimeError as error:
+                raise UsageError(str(error)) from None
+            error, options = None, None
+            try:
+                options = _train_options(args)
+            except UsageError as caught:
+                error = caught
+            # every rank must run the same command: the options as given, threads aside
+            agree(world, error, {k: v for k, v in vars(args).items() if k != "threads"})
+            try:
+                result = train(**options, world=world)
             except KeyboardInterrupt:
-                print(f"\n{sub}: interrupted; {args.out} holds the last checkpoint written "
-                      "(at the last evaluation), if any", file=sys.stderr)
+                print(f"\n{sub}: interrupted; {args.out} holds the last checkpoint written, "
+                      "if any", file=sys.stderr)
                 return 130
+            if result["stopped"]:
+                return 128 + result["stopped"]        # 130 for SIGINT, 143 for SIGTERM
         else:
             text = sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature,
                           args.top_k, args.seed)
             sys.stdout.write(text + "\n")
     except UsageError as error:
         parser.commands[args.action].error(str(error))      # usage, message; exit status 2
+    except Exception:
+        if world is not None and world.size > 1:   # one rank's failure ends the whole job
+            traceback.print_exc(file=sys.__stderr__)
+            world.abort(1)
+        raise
     return 0
 
 
