@@ -44,10 +44,12 @@ Determinism: each C element is owned by one work item and summed as
 ``(((C or 0) + (bias or 0)) + Σ_{k in block 0}) + Σ_{k in block 1} + ...``, each block's sum in
 k order, whatever the thread count or MC.
 
-Three kernels: ``gemm_kernel`` is the nest above; ``batched_gemm_kernel`` takes over from
-``BATCHED`` output batches per thread, each batch one work item that packs its own B a K block
-at a time (a batched backward would otherwise copy a whole operand first) -- these two sum in
-the same order, so which one ran never shows in the bits. ``small_dot_kernel`` computes small
+Three kernels: ``gemm_kernel`` is the nest above; ``batched_gemm_kernel`` runs the product in
+one launch, its work items packing their own B a K block at a time -- from ``BATCHED`` output
+batches per thread one item per batch (a batched backward would otherwise copy a whole operand
+first), and for products up to ``PACKED_SMALL`` multiply-adds one item per block of rows (up
+to ``SERIAL_PACKED`` on the calling thread) -- these sum in the same order, so which one ran
+never shows in the bits. ``small_dot_kernel`` computes small
 A·Bᵀ products (the linear layer's form, up to ``SMALL`` multiply-adds) as dot products with no
 packing; LLVM splits each of its k loops into vector partial sums, so its bits differ from the
 packed kernels' by rounding. Which of the three runs depends on the shapes only, never on the
