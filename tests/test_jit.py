@@ -236,13 +236,15 @@ def test_the_engines_call_their_work_items_through_an_address():
         v.flags.writeable = False                 # a read-only input is another version
         out, lse = npattn.scaled_dot_product_attention_forward(q, k, v)
         npattn.scaled_dot_product_attention_backward(out, q, k, v, out, lse)
-        npattn.matmul(rng.standard_normal((300, 40)).astype(dtype),    # gemm_kernel's A·B
-                      rng.standard_normal((40, 70)).astype(dtype))
+        npattn.matmul(rng.standard_normal((300, 300)).astype(dtype),   # gemm_kernel's A·B
+                      rng.standard_normal((300, 100)).astype(dtype))   # (past PACKED_SMALL)
+        npattn.matmul(rng.standard_normal((30, 40)).astype(dtype),     # batched_gemm_kernel's
+                      rng.standard_normal((40, 70)).astype(dtype))     # (a small product)
     for dtype in (np.float32, np.float64):
         attention = tiles.engine("attention", dtype)
         gemm = tiles.engine("gemm", dtype)
         for kernel in (attention.attention_forward_kernel, attention.attention_backward_kernel,
-                       gemm.gemm_kernel):
+                       gemm.gemm_kernel, gemm.batched_gemm_kernel):
             assert isinstance(kernel, _jit.ItemKernel)
             assert set(_address_types(kernel)) == {numba.types.int64}
             assert len(kernel.dispatcher.signatures) >= 1
