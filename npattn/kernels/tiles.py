@@ -30,9 +30,9 @@ float64 43 against 82–92 (measured when the family was reviewed, 2026-12).
 
 Measured (``benchmarks/micro_kernel.py``: one thread, a KC = 256 product in L1, GFLOP/s,
 median of interleaved rounds). AVX2 on an AMD EPYC Zen 3 (``znver3``, 2 × 256-bit FMA per
-cycle), the explicit vector tiles: see ``docs/architecture.md`` §5 for the table; 6×16 float32
-beat 4×16 by 12–14 %, 6×8 float64 beat 4×8 by 10–15 %, and whole products on one thread gained
-15–20 % (the SLP vectoriser's 6×16 spilled and ran at half speed, which is why 4×16 was the
+cycle), the explicit vector tiles: see ``docs/architecture.md`` §5 for the table; 6×16
+float32 beat 4×16 by 12–14 %, 6×8 float64 beat 4×8 by 10–15 %, and whole products on one
+thread gained 15–20 % (the SLP vectoriser's 6×16 spilled and ran at half speed, which is why 4×16 was the
 AVX2 tile before). AVX-512 on an AMD EPYC Zen 5 (``znver5``), the SLP code of the same shape:
 float32 **8×32 229**, 6×32 228, 4×32 200, 16×16 213, 12×16 196, 8×16 182; float64 **8×16
 115**, 6×16 111, 12×8 105, 8×8 91.
@@ -204,12 +204,6 @@ def tile_of(module_name):
         raise ImportError(
             f"{module_name} is compiled per register tile: get an instance with "
             f"npattn.kernels.tiles.engine({module_name.rpartition('.')[2]!r}, dtype)") from None
-
-
-def sibling(module_name, name):
-    """From an engine module while it loads: engine ``name``'s instance for the same tile."""
-    t = tile_of(module_name)
-    return engine(name, t.dtype, t.isa)
 
 
 def all_engines():

@@ -110,16 +110,14 @@ def _accumulate(builder, element, vector, a, b, kc, mr, nr):
     return [builder.load(acc) for acc in accs], align
 
 
-def _row_pointer(context, builder, array_type, array, row, column, vector):
-    """A pointer to array[row, column] as a pointer to a vector (the row's elements from
-    ``column`` on are contiguous: a C-contiguous 2-D array)."""
-    arr = context.make_array(array_type)(context, builder, array)
+def _row_pointer(context, builder, arr, item, row, column, vector):
+    """A pointer to arr[row, column] (``arr`` a 2-D array structure, ``item`` its element size)
+    as a pointer to a vector: the row's elements from ``column`` on are contiguous."""
     strides = cgutils.unpack_tuple(builder, arr.strides, 2)
-    item = context.get_abi_sizeof(context.get_value_type(array_type.dtype))
     offset = builder.add(builder.mul(row, strides[0]),
                          builder.mul(column, ir.Constant(_I64, item)))
     address = builder.add(builder.ptrtoint(arr.data, _I64), offset)
-    return builder.inttoptr(address, vector.as_pointer()), arr
+    return builder.inttoptr(address, vector.as_pointer())
 
 
 def _is_matrix(value):
@@ -177,8 +175,8 @@ def tiles(mr, nr):
             kc, c, r0, j0 = values[0], values[3], values[4], values[5]
             r0 = context.cast(builder, r0, signature.args[4], types.int64)
             j0 = context.cast(builder, j0, signature.args[5], types.int64)
+            arr = context.make_array(signature.args[3])(context, builder, c)
             if numba.config.BOUNDSCHECK:
-                arr = context.make_array(signature.args[3])(context, builder, c)
                 n_rows, n_cols = cgutils.unpack_tuple(builder, arr.shape, 2)
                 outside = builder.or_(
                     builder.or_(builder.icmp_signed("<", r0, ir.Constant(_I64, 0)),
@@ -190,9 +188,10 @@ def tiles(mr, nr):
                     context.call_conv.return_user_exc(
                         builder, IndexError, ("vector tile: the tile is not inside c",))
             rows, align = _accumulate(builder, element, vector, a, b, kc, mr, nr)
+            item = context.get_abi_sizeof(element)
             for i, row in enumerate(rows):
-                pointer, _ = _row_pointer(context, builder, signature.args[3], c,
-                                          builder.add(r0, ir.Constant(_I64, i)), j0, vector)
+                pointer = _row_pointer(context, builder, arr, item,
+                                       builder.add(r0, ir.Constant(_I64, i)), j0, vector)
                 total = builder.fadd(builder.load(pointer, align=align), row)
                 builder.store(total, pointer, align=align)
             return context.get_dummy_value()
