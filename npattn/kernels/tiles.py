@@ -32,8 +32,8 @@ Measured (``benchmarks/micro_kernel.py``: one thread, a KC = 256 product in L1, 
 median of interleaved rounds). AVX2 on an AMD EPYC Zen 3 (``znver3``, 2 × 256-bit FMA per
 cycle), the explicit vector tiles: see ``docs/architecture.md`` §5 for the table; 6×16
 float32 beat 4×16 by 12–14 %, 6×8 float64 beat 4×8 by 10–15 %, and whole products on one
-thread gained 15–20 % (the SLP vectoriser's 6×16 spilled and ran at half speed, which is why 4×16 was the
-AVX2 tile before). AVX-512 on an AMD EPYC Zen 5 (``znver5``), the SLP code of the same shape:
+thread gained 15–20 % (the SLP vectoriser's 6×16 spilled and ran at half speed, which is why
+4×16 was the AVX2 tile before). AVX-512 on an AMD EPYC Zen 5 (``znver5``), the SLP code of the same shape:
 float32 **8×32 229**, 6×32 228, 4×32 200, 16×16 213, 12×16 196, 8×16 182; float64 **8×16
 115**, 6×16 111, 12×8 105, 8×8 91.
 
