@@ -209,7 +209,8 @@ def _run(args, argv, changes):
     import platform
 
     from . import (bench_matmul, bench_linear, bench_softmax,  # noqa: F401  (they register,
-                   bench_attention, bench_variants, bench_gpt)    # in this order)
+                   bench_gelu, bench_attention, bench_variants,   # in this order)
+                   bench_gpt)
     from . import machine, memory, report, timing
     from .cases import BASELINE, CASES, IMPLEMENTATIONS
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import cases, timing
-from benchmarks import (bench_attention, bench_gpt, bench_linear, bench_matmul,  # noqa: F401
-                        bench_softmax, bench_variants)                             # (register)
+from benchmarks import (bench_attention, bench_gelu, bench_gpt, bench_linear,  # noqa: F401
+                        bench_matmul, bench_softmax, bench_variants)            # (register)
 
 try:
     import torch

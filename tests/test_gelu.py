@@ -170,35 +170,56 @@ def test_the_tail_is_relatively_accurate(approximate, dtype):
     one = np.ones(x.shape)
     want = reference.gelu_forward(x64, approximate)
     slope = reference.gelu_backward(one, x64, approximate)
-    cond_y, cond_d = 0.0, 0.0                   # float32: x is exact in float64, no growth
     if dtype == np.float64:
         cond_y = condition(lambda v: reference.gelu_forward(v, approximate), x64)
         cond_d = condition(lambda v: reference.gelu_backward(one, v, approximate), x64)
-    assert_close(gelu(x, approximate), want, dtype=dtype, n=2, scale=cond_y * np.abs(want))
+        scale_y, scale_d = cond_y * np.abs(want), cond_d * np.abs(slope)
+    else:   # float32: x is exact in the float64 steps; the slope's terms, computed in float32,
+        # cancel near its root x ≈ −0.75 (nowhere in the tail, where they are |slope| itself)
+        scale_y, scale_d = 0.0, slope_scale(x, one, approximate)
+    assert_close(gelu(x, approximate), want, dtype=dtype, n=2, scale=scale_y)
     assert_close(gelu_backward(np.ones_like(x), x, approximate), slope, dtype=dtype, n=8,
-                 scale=cond_d * np.abs(slope))
+                 scale=scale_d)
 
 
+#: Where PyTorch's float32 GELU is accurate (x >= -1) and where its 1 + erf (1 + tanh) cancels
+#: (x < -1: no digits left below -5): npattn's float32 is bounded by PyTorch's error region by
+#: region, so the bound is tight where PyTorch is good and is not one worst case for all of them.
+REGIONS = ((-14.0, -5.0), (-5.0, -1.0), (-1.0, 1.0), (1.0, 5.0), (5.0, 12.0))
+
+
+def float32_errors(x, got_y, got_d, approximate):
+    """(forward, slope) errors of float32 results against the float64 truth at float32 x: the
+    forward in ulps of GELU, the slope in ulps of its terms' size |Φ| + |x·Φ'| (the slope has a
+    root near x = −0.75, where any float32 evaluation has no relative digits: PyTorch's neither)."""
+    x64 = f64(x)[0]
+    want_y = reference.gelu_forward(x64, approximate)
+    want_d = reference.gelu_backward(np.ones(x.shape), x64, approximate)
+    terms = slope_scale(x, np.ones(x.shape), approximate)
+
+    def ulps(got, want, size):
+        spacing = np.spacing(size.astype(np.float32)).astype(np.float64)
+        return np.abs(got.astype(np.float64) - want) / np.maximum(spacing, 2.0 ** -149)
+
+    return ulps(got_y, want_y, np.abs(want_y)), ulps(got_d, want_d, terms)
+
+
+@pytest.mark.parametrize("region", REGIONS)
 @pytest.mark.parametrize("approximate", APPROXIMATIONS)
-def test_float32_is_at_least_as_accurate_as_torch(torch, approximate):
-    """Against the float64 truth, in ulps of the result: npattn's float32 is within one ulp
-    everywhere on [-12, 12] (forward and slope), and never worse than PyTorch's float32."""
-    x = np.linspace(-12.0, 12.0, 24001).astype(np.float32)
-    want_y = reference.gelu_forward(f64(x)[0], approximate)
-    want_d = reference.gelu_backward(np.ones(x.shape), f64(x)[0], approximate)
+def test_float32_is_at_least_as_accurate_as_torch(torch, approximate, region):
+    """npattn's float32 GELU computes in float32 (kernels/gelu.py, FLOAT32) and is no further
+    from the float64 truth than PyTorch's float32, measured here on the same 20001 inputs per
+    region, forward and slope. (A Horner step dropped from the float32 g fails here, on
+    [-1, 1]; a float32 u in the tanh form fails test_the_tail_is_relatively_accurate.)"""
+    x = np.linspace(*region, 20001).astype(np.float32)
     tx = torch.tensor(x, dtype=torch.float32, requires_grad=True)
     ty = torch.nn.functional.gelu(tx, approximate=approximate)
     ty.backward(torch.ones_like(ty))
-
-    def ulps(got, want):
-        spacing = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
-        return np.abs(got.astype(np.float64) - want) / np.maximum(spacing, 2.0 ** -149)
-
-    ours_y = ulps(gelu(x, approximate), want_y)
-    ours_d = ulps(gelu_backward(np.ones_like(x), x, approximate), want_d)
-    assert ours_y.max() <= 1.0 and ours_d.max() <= 1.0, (ours_y.max(), ours_d.max())
-    assert ours_y.max() <= ulps(ty.detach().numpy(), want_y).max()
-    assert ours_d.max() <= ulps(tx.grad.numpy(), want_d).max()
+    ours_y, ours_d = float32_errors(x, gelu(x, approximate),
+                                    gelu_backward(np.ones_like(x), x, approximate), approximate)
+    theirs_y, theirs_d = float32_errors(x, ty.detach().numpy(), tx.grad.numpy(), approximate)
+    assert ours_y.max() <= theirs_y.max(), (ours_y.max(), theirs_y.max())
+    assert ours_d.max() <= theirs_d.max(), (ours_d.max(), theirs_d.max())
 
 
 @pytest.mark.parametrize("approximate", APPROXIMATIONS)

@@ -1,9 +1,12 @@
 """GELU as ``torch.nn.functional.gelu``: x·Φ(x), Φ the standard normal CDF, exact
 (``approximate="none"``) or with PyTorch's tanh approximation (``approximate="tanh"``, GPT-2's).
 
-Both forms are computed in float64 for both dtypes and rounded once (``kernels/gelu.py``), in
-forms without cancellation in the tails: float32 results are within an ulp of the float64
-truth, and so relatively accurate where GELU is tiny (x ≪ 0), which PyTorch's float32 is not.
+Both forms are computed in forms without cancellation in the tails (``kernels/gelu.py``):
+float64 in float64 arithmetic, float32 in float32 arithmetic but for the few steps whose
+rounding would show (the exponent's argument; the tanh form's 1/(1 + e)). float32 results stay
+within a few ulps of the float64 truth, relatively also where GELU is tiny (x ≪ 0), which
+PyTorch's float32 is not, and no further from it than PyTorch's float32 anywhere (a test
+measures both).
 
 Edge cases, where npattn gives the mathematical limits (tests/test_numerics_edges.py):
 GELU(+inf) = +inf and GELU(−inf) = −0, with slopes 1 and 0 (dx = dout and 0·dout). PyTorch

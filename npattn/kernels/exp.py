@@ -85,10 +85,8 @@ F32 = np.float32
 
 
 @fma_kernel
-def exp_parts_f32(xv):
-    # (p, bits) with exp(xv) = p · 2^t for float32 xv in [UNDERFLOW_F32, 0]
-    t = np.floor(xv * LOG2E_F32 + F32(0.5))
-    r = (xv - t * LN2_HI_F32) - t * LN2_LO_F32
+def exp_series_f32(r):
+    # exp(r) for float32 |r| <= ln(2)/2 (and a little beyond), the Taylor series of exp_parts_f32
     p = F32(1.0 / 5040.0)
     p = p * r + F32(1.0 / 720.0)
     p = p * r + F32(1.0 / 120.0)
@@ -96,8 +94,15 @@ def exp_parts_f32(xv):
     p = p * r + F32(1.0 / 6.0)
     p = p * r + F32(0.5)
     p = p * r + F32(1.0)
-    p = p * r + F32(1.0)
-    return p, (np.int32(t) + np.int32(127)) << np.int32(23)   # the bits of the float32 2^t
+    return p * r + F32(1.0)
+
+
+@fma_kernel
+def exp_parts_f32(xv):
+    # (p, bits) with exp(xv) = p · 2^t for float32 xv in [UNDERFLOW_F32, 0]
+    t = np.floor(xv * LOG2E_F32 + F32(0.5))
+    r = (xv - t * LN2_HI_F32) - t * LN2_LO_F32
+    return exp_series_f32(r), (np.int32(t) + np.int32(127)) << np.int32(23)   # 2^t's bits
 
 
 @fma_kernel
