@@ -116,17 +116,26 @@ def pack_b_panel(b, ib, trans_b, k0, kc, j0, cols, panel):
             row = panel[p * NR:(p + 1) * NR]
             for j in range(cols, NR):
                 row[j] = 0
-    if trans_b:                                      # op(B)[k, j] = b[ib, j, k]
+    if trans_b and cols == NR:                       # op(B)[k, j] = b[ib, j, k]: NR rows
+        src = b[ib, j0:j0 + NR, k0:k0 + kc]          # of b read side by side, one element of
+        for p in range(kc):                          # each per panel row
+            for j in range(NR):
+                panel[p * NR + j] = src[j, p]
+    elif trans_b:
+        src = b[ib, j0:j0 + cols, k0:k0 + kc]
         for j in range(cols):
-            src = b[ib, j0 + j, k0:k0 + kc]
             for p in range(kc):
-                panel[p * NR + j] = src[p]
-    else:                                            # op(B)[k, j] = b[ib, k, j]
+                panel[p * NR + j] = src[j, p]
+    elif cols == NR:                                 # op(B)[k, j] = b[ib, k, j], a whole
+        src = b[ib, k0:k0 + kc, j0:j0 + NR]          # panel: NR a constant, each row copied
+        for p in range(kc):                          # as whole vectors (one view for all rows:
+            for j in range(NR):                      # a view per row cost more than its copy)
+                panel[p * NR + j] = src[p, j]
+    else:
+        src = b[ib, k0:k0 + kc, j0:j0 + cols]
         for p in range(kc):
-            src = b[ib, k0 + p, j0:j0 + cols]
-            dst = panel[p * NR:p * NR + cols]
             for j in range(cols):
-                dst[j] = src[j]
+                panel[p * NR + j] = src[p, j]
 
 
 @kernel
@@ -138,15 +147,20 @@ def pack_a_block(a, ia, trans_a, r0, rows, k0, kc, ap):
         strip = ap[s * kc * MR:(s + 1) * kc * MR]
         valid = min(MR, rows - s * MR)
         if trans_a:                                  # op(A)[m, k] = a[ia, k, m]
+            src = a[ia, k0:k0 + kc, r0 + s * MR:r0 + s * MR + valid]
             for p in range(kc):
-                src = a[ia, k0 + p, r0 + s * MR:r0 + s * MR + valid]
                 for i in range(valid):
-                    strip[p * MR + i] = src[i]
-        else:                                        # op(A)[m, k] = a[ia, m, k]
+                    strip[p * MR + i] = src[p, i]
+        elif valid == MR:                            # op(A)[m, k] = a[ia, m, k], a whole
+            src = a[ia, r0 + s * MR:r0 + s * MR + MR, k0:k0 + kc]   # strip: MR rows at a time
+            for p in range(kc):
+                for i in range(MR):
+                    strip[p * MR + i] = src[i, p]
+        else:
+            src = a[ia, r0 + s * MR:r0 + s * MR + valid, k0:k0 + kc]
             for i in range(valid):
-                src = a[ia, r0 + s * MR + i, k0:k0 + kc]
                 for p in range(kc):
-                    strip[p * MR + i] = src[p]
+                    strip[p * MR + i] = src[i, p]
 
 
 @kernel
