@@ -2,8 +2,8 @@
 (``approximate="none"``) or with PyTorch's tanh approximation (``approximate="tanh"``, GPT-2's).
 
 Both forms are computed in forms without cancellation in the tails (``kernels/gelu.py``):
-float64 in float64 arithmetic, float32 in float32 arithmetic but for the few steps whose
-rounding would show (the exponent's argument; the tanh form's 1/(1 + e)). float32 results stay
+float64 in float64 arithmetic, float32 in float32 arithmetic but for the tanh form's steps
+whose rounding would show (its u and 1/(1 + e), in float64). float32 results stay
 within a few ulps of the float64 truth, relatively also where GELU is tiny (x ≪ 0), which
 PyTorch's float32 is not, and no further from it than PyTorch's float32 anywhere (a test
 measures both).

@@ -7,8 +7,8 @@ to the C library per element).  Dims: N elements (the whole array, flattened).
              Φ'(x) = 2·Φ·(1 − Φ)·u',   u' = √(2/π)·(1 + 3·0.044715·x²)
 
 Accumulator: none (no reduction). float64 x is computed in float64 arithmetic; float32 x in
-float32 arithmetic where the work is, with float64 for the few steps float32 cannot afford
-(FLOAT32 below). The forms are chosen for the tails:
+float32 arithmetic, but for the tanh form's u, its exponent's reduction and 1/(1 + e), which
+are float64 (FLOAT32 below). The forms are chosen for the tails:
 ½·erfc(−x/√2) is ½·(1 + erf(x/√2)) without its cancellation for x ≪ 0 (PyTorch's float32 loses
 most digits of GELU(−5) that way), and the tanh form goes through e = exp(−2|u|) ≤ 1, which
 never overflows: Φ = 1/(1 + e) or e/(1 + e) by the sign of u, and Φ·(1 − Φ) = e/(1 + e)².
@@ -59,16 +59,19 @@ its u, rounded in float64: GELU and slope within 1.6e3 ulps at x ≈ −20 (2|u|
 u's rounding), as before. (The kernel this replaced, math.erfc of a rounded x/√2 per element:
 1836 ulps for float64 GELU in the tail.)
 
-FLOAT32. The same forms with twice the lanes, 2.3-4.7x faster than rounding float64 results (one
-Zen 3 core, 3.1M elements: "none" forward 32.8 -> 7.0 ms, tanh 17.4 -> 7.4 ms). Two steps stay
-float64, because float32 would round where the result is sensitive:
-* the exponent's argument: −a²/2 (exact in float64 for a float32 a: no split of a) and u and
-  −2|u| (u's rounding grows 2|u|-fold in e = exp(−2|u|)); the Cody-Waite reduction too, so the
-  reduced r is rounded to float32 once and only exp's series (kernels/exp.py, degree 7) runs in
-  float32, with 2^(t + BIAS_F32) built from a float32's bits;
-* in the tanh form, 1/(1 + e) and the products after it: Φ and Φ' carry e's error and one
-  rounding (float32 divisions and products there left the slope 2.2 ulps of its terms from the
-  truth on [−1, 1], PyTorch's 1.9).
+FLOAT32. The same forms in float32 arithmetic, with twice float64's lanes: against rounding
+float64 results, forward / backward of 3.1M elements on one Zen 3 core (thread CPU time), "none"
+21.9 / 19.7 -> 5.6 / 5.6 ms, tanh 12.2 / 14.6 -> 7.4 / 10.0 ms (PyTorch's float32: 2.9 / 4.4,
+11.2 / 11.3 ms). `python -m benchmarks --ops gelu` times it against PyTorch.
+Where float32 would round where the result is sensitive:
+* the normal form's exp(−a²/2) splits a² as the float64 form does, with ah of 12 significant
+  bits (ah² exact in float32; the rest, below 0.06, joins the reduced argument), and reduces
+  with ln 2 in float32 parts (t·LN2_HI_F32 exact); exp's series is kernels/exp.py's float32 one;
+* the tanh form computes u and −2|u| in float64 (u's rounding would grow 2|u|-fold in
+  e = exp(−2|u|)), reduces there, and rounds the reduced argument to float32 once for the
+  series; 1/(1 + e) and the products after it are float64 too, so Φ and Φ' carry e's error and
+  one rounding (float32 divisions and products there left the slope 2.2 ulps of its terms from
+  the truth on [−1, 1], PyTorch's 1.9).
 The normal form's g(y) is its own degree-11 polynomial over a in [0, 15] (beyond, GELU rounds to
 −0 or x in float32), with y, 1/(4 + a) (Fast2Sum as above) and the products in float32. x·Φ for
 x >= 0 is x − x·Q, one rounding. Measured against the float64 truth on 20001 float32 x per
@@ -90,7 +93,8 @@ from numba import prange, types
 from numba.extending import overload
 
 from .._jit import OVERLOAD_OPTIONS, fma_kernel, parallel_kernel
-from .exp import F32, LN2_HI, LN2_LO, LOG2E, exp_series, exp_series_f32
+from .exp import (F32, LN2_HI, LN2_HI_F32, LN2_LO, LN2_LO_F32, LOG2E, LOG2E_F32, exp_series,
+                  exp_series_f32)
 
 BLOCK = 4096  # elements per prange iteration: enough work to amortise scheduling
 
@@ -276,15 +280,15 @@ def tanh_backward_block(dout, x, dx, start, stop):
 
 
 # ------------------------------------------------------------------ float32
-# The same forms for float32 x, in float32 arithmetic where the work is (twice float64's lanes)
-# and in float64 for the few steps whose rounding float32 cannot afford (FLOAT32 in the module
-# docstring). Every constant is a float32 (a bare Python float would make the loop float64).
+# The same forms for float32 x, in float32 arithmetic (twice float64's lanes) but for the tanh
+# form's steps whose rounding float32 cannot afford (FLOAT32 in the module docstring). Every constant is a float32 (a bare Python float would make the loop float64).
 
 FAR_F32 = F32(15.0)          # GELU(−15) = −1.2e-49·… rounds to −0 in float32, and Q(15) ≪ ulp(1)
 LOWEST_F32 = -130.0          # exp_scaled_f32's smallest h: 2^(t + BIAS_F32) stays normal
 BIAS_F32 = 64                # exp_scaled_f32 returns 2^(t + BIAS_F32); the caller scales back
 UNBIAS_F32 = F32(2.0 ** -BIAS_F32)
 UNBIAS_F32_64 = 2.0 ** -BIAS_F32
+HIGH_BITS_F32 = np.int32(-(1 << 12))   # a float32's bits but its low 12: 12 significant bits
 K_F32 = F32(K)
 TWO_K_F32 = F32(2.0 * K)
 INV_SQRT_2PI_F32 = F32(INV_SQRT_2PI)
@@ -318,6 +322,20 @@ def exp_scaled_f32(h):
 
 
 @fma_kernel
+def half_square_exp_f32(a):
+    # (p, s) with exp(−a²/2) = p·s·2^−BIAS_F32 for float32 a in [0, FAR_F32], all in float32:
+    # a² split as half_square_exp's, ah with 12 significant bits (ah² exact), the rest
+    # −al·(a + ah)/2 (< 0.06) added to the reduced argument; t·LN2_HI_F32 is exact (t < 2^8)
+    ah = np.int32(np.float32(a).view(np.int32) & HIGH_BITS_F32).view(np.float32)
+    al = a - ah
+    h = F32(-0.5) * (ah * ah)
+    t = np.floor(h * LOG2E_F32 + F32(0.5))
+    r = ((h - t * LN2_HI_F32) - t * LN2_LO_F32) + F32(-0.5) * (al * (a + ah))
+    bits = (np.int32(t) + np.int32(127 + BIAS_F32)) << np.int32(23)
+    return exp_series_f32(r), np.int32(bits).view(np.float32)
+
+
+@fma_kernel
 def mills_f32(y):
     # g(y) by Horner's rule in float32
     g = F11 * y + F10
@@ -345,12 +363,10 @@ def tail_ratio_f32(a):
 
 @fma_kernel
 def normal_parts_f32(v):
-    # (c, f) with Q(|v|) = c·2^−BIAS_F32 and φ(v) = f·2^−BIAS_F32 for one float32 v: a² is
-    # exact in float64, so exp(−a²/2) needs no split of a
+    # (c, f) with Q(|v|) = c·2^−BIAS_F32 and φ(v) = f·2^−BIAS_F32 for one float32 v
     far = abs(v) > FAR_F32                           # also ±inf; False for NaN
     a = F32(0.0) if far else abs(v)
-    a64 = np.float64(a)
-    p, s = exp_scaled_f32(-0.5 * (a64 * a64))
+    p, s = half_square_exp_f32(a)
     c = p * tail_ratio_f32(a) * s                   # computed for every lane, then selected:
     f = p * INV_SQRT_2PI_F32 * s                    # a call under a branch keeps LLVM from
     return (F32(0.0) if far else c), (F32(0.0) if far else f)   # vectorising the loop
