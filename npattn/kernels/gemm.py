@@ -139,6 +139,29 @@ def pack_b_panel(b, ib, trans_b, k0, kc, j0, cols, panel):
 
 
 @kernel
+def pack_b_block(b, ib, trans_b, k0, kc, n_cols, panels):
+    # every panel of op(B)'s K block at k0 for n_cols columns: panels[(panel·KC + p)·NR + j]
+    # (batch_item's packing). A row-major B is read row by row, each row once and in order;
+    # panel by panel, each row is touched once per panel, and on a B that is not in cache
+    # (a batched product's operands) that cost up to 1.6x the item's time (Zen 3, one
+    # thread: 32 products of 64×512·512×512, 23.3 against 18.7 ms). An op(B) = Bᵀ is packed
+    # panel by panel: each panel's source rows are whole rows of b.
+    n_panels = (n_cols + NR - 1) // NR
+    whole = n_cols // NR if not trans_b else 0
+    if whole:
+        to = panels[:whole * KC * NR].reshape((whole, KC, NR))
+        src = b[ib, k0:k0 + kc, :]
+        for p in range(kc):
+            for q in range(whole):
+                for j in range(NR):
+                    to[q, p, j] = src[p, q * NR + j]
+    for panel in range(whole, n_panels):
+        j0 = panel * NR
+        pack_b_panel(b, ib, trans_b, k0, kc, j0, min(NR, n_cols - j0),
+                     panels[panel * KC * NR:(panel + 1) * KC * NR])
+
+
+@kernel
 def pack_a_block(a, ia, trans_a, r0, rows, k0, kc, ap):
     # ap <- rows r0 .. r0 + rows of op(A), columns k0 .. k0 + kc, as MR-row strips: strip s
     # holds ap[(s * kc + p) * MR + i]. Rows past the block's end keep stale values: their
@@ -278,10 +301,7 @@ def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
     for kb in range(n_kb):
         k0 = kb * KC
         kc = min(KC, n_inner - k0)
-        for panel in range(n_panels):
-            j0 = panel * NR
-            pack_b_panel(b, b_index[t], trans_b, k0, kc, j0, min(NR, n_cols - j0),
-                         panels[panel * panel_size:(panel + 1) * panel_size])
+        pack_b_block(b, b_index[t], trans_b, k0, kc, n_cols, panels)
         for i0 in range(r0, r1, mc):
             rows = min(mc, r1 - i0)
             pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
