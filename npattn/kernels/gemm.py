@@ -171,9 +171,14 @@ def pack_a_block(a, ia, trans_a, r0, rows, k0, kc, ap):
         valid = min(MR, rows - s * MR)
         if trans_a:                                  # op(A)[m, k] = a[ia, k, m]
             src = a[ia, k0:k0 + kc, r0 + s * MR:r0 + s * MR + valid]
-            for p in range(kc):
-                for i in range(valid):
-                    strip[p * MR + i] = src[p, i]
+            if valid == MR:                          # (MR a constant: whole-row copies)
+                for p in range(kc):
+                    for i in range(MR):
+                        strip[p * MR + i] = src[p, i]
+            else:
+                for p in range(kc):
+                    for i in range(valid):
+                        strip[p * MR + i] = src[p, i]
         elif valid == MR:                            # op(A)[m, k] = a[ia, m, k], a whole
             src = a[ia, r0 + s * MR:r0 + s * MR + MR, k0:k0 + kc]   # strip: MR rows at a time
             for p in range(kc):
