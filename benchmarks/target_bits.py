@@ -3,13 +3,17 @@
     python -m benchmarks.target_bits                    # native against haswell, demo included
     python -m benchmarks.target_bits --targets native,haswell,skylake --no-demo
     python -m benchmarks.target_bits --targets native,haswell/avx2     # on an AVX-512 CPU
+    python -m benchmarks.target_bits --targets native,native@-force-vector-width=16 --no-demo
 
 Each target runs in child processes of its own, with ``NUMBA_CPU_NAME`` set (``native``: unset,
 Numba compiles for this CPU; ``name/avx2``: also ``NUMBA_CPU_FEATURES`` set to Haswell's, AVX-512
 off -- Numba keeps the host's features under a bare ``NUMBA_CPU_NAME``, so on an AVX-512 CPU
 ``haswell`` alone still compiles AVX-512 code) and an empty ``NUMBA_CACHE_DIR`` of its own, so no
 target is served
-another's code. Every target runs on this machine's cores: the comparison isolates the code LLVM
+another's code. A target may end in ``@`` and LLVM options, comma-separated
+(``native@-force-vector-width=16``: the loop vectoriser's width forced to 16 lanes, as AVX-512's
+float32 registers hold, on the AVX2 CPU that runs it: which ops' bits follow the width). Every
+target runs on this machine's cores: the comparison isolates the code LLVM
 generates for a target from the hardware that runs it. A child runs every public op, forward and
 backward, on float32 and float64 inputs from fixed seeds (``tests/test_stress.py::make_calls``,
 at two sizes, plus the KV-cache decode step) and saves every output; with ``--demo`` it also
@@ -65,6 +69,8 @@ def op_outputs():
 
 def child(out_dir, demo):
     import llvmlite.binding as llvm
+    for option in filter(None, os.environ.get("NPATTN_BITS_LLVM_OPTIONS", "").split(",")):
+        llvm.set_option("target_bits", option)     # before any kernel compiles
     import numba
     from npattn.kernels import tiles
     outputs = op_outputs()
@@ -80,11 +86,14 @@ def child(out_dir, demo):
 
 
 def run_target(target, work, demo):
-    out_dir = pathlib.Path(work) / target.replace("/", "-")
+    out_dir = pathlib.Path(work) / "".join(c if c.isalnum() else "-" for c in target)
     out_dir.mkdir()
     env = dict(os.environ, NUMBA_CACHE_DIR=str(out_dir / "cache"))
     env.pop("NUMBA_CPU_NAME", None)
     env.pop("NUMBA_CPU_FEATURES", None)
+    target, _, options = target.partition("@")
+    if options:                                  # LLVM's own options, e.g. a vector width
+        env["NPATTN_BITS_LLVM_OPTIONS"] = options
     name, _, features = target.partition("/")
     if name != "native":
         env["NUMBA_CPU_NAME"] = name
