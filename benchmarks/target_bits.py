@@ -5,21 +5,22 @@
     python -m benchmarks.target_bits --targets native,haswell/avx2     # on an AVX-512 CPU
     python -m benchmarks.target_bits --targets native,native@-force-vector-width=16 --no-demo
 
-Each target runs in child processes of its own, with ``NUMBA_CPU_NAME`` set (``native``: unset,
-Numba compiles for this CPU; ``name/avx2``: also ``NUMBA_CPU_FEATURES`` set to Haswell's, AVX-512
-off -- Numba keeps the host's features under a bare ``NUMBA_CPU_NAME``, so on an AVX-512 CPU
-``haswell`` alone still compiles AVX-512 code) and an empty ``NUMBA_CACHE_DIR`` of its own, so no
-target is served
-another's code. A target may end in ``@`` and LLVM options, comma-separated
-(``native@-force-vector-width=16``: the loop vectoriser's width forced to 16 lanes, as AVX-512's
-float32 registers hold, on the AVX2 CPU that runs it: which ops' bits follow the width). Every
-target runs on this machine's cores: the comparison isolates the code LLVM
-generates for a target from the hardware that runs it. A child runs every public op, forward and
-backward, on float32 and float64 inputs from fixed seeds (``tests/test_stress.py::make_calls``,
-at two sizes, plus the KV-cache decode step) and saves every output; with ``--demo`` it also
-trains ``npattn demo`` and keeps its fingerprint. The parent prints, per call, whether the bytes
-are equal and, where not, how many elements differ and by how much (in units of the dtype's
-eps times the output's largest magnitude). Exit status 0 either way: this is a measurement.
+Each target runs in child processes of its own, with an empty ``NUMBA_CACHE_DIR`` of its own
+(no target is served another's code) and ``NUMBA_CPU_NAME`` set (``native``: unset, Numba
+compiles for this CPU). ``name/avx2`` also sets ``NUMBA_CPU_FEATURES`` to Haswell's, AVX-512
+off: under a bare ``NUMBA_CPU_NAME`` Numba keeps the host's features, so on an AVX-512 CPU
+``haswell`` alone still compiles AVX-512 code. A target may end in ``@`` and LLVM options,
+comma-separated: ``native@-force-vector-width=16`` forces the loop vectoriser's width to 16
+lanes (AVX-512's float32 width) on the AVX2 CPU that runs it, which shows the ops whose bits
+follow the vector width. Every target runs on this machine's cores: the comparison isolates
+the code LLVM generates from the hardware that runs it.
+
+A child runs every public op, forward and backward, on float32 and float64 inputs from fixed
+seeds (``tests/test_stress.py::make_calls``, at two sizes, plus the KV-cache decode step) and
+saves every output; with ``--demo`` it also trains ``npattn demo`` and keeps its fingerprint.
+The parent prints, per call, whether the bytes are equal and, where not, how many elements
+differ and by how much (in units of the dtype's eps times the output's largest magnitude).
+Exit status 0 either way: this is a measurement.
 
 Compiling every kernel for a target takes minutes (both dtypes); the demo ~1 min more.
 """
