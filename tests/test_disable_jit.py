@@ -1,8 +1,8 @@
 """``NUMBA_DISABLE_JIT=1``: every kernel runs as plain Python, so a debugger steps into it.
 
 A child process with the JIT disabled runs a small case of every public op, forward and
-backward (``tests/test_stress.py::make_calls``, float64), the KV-cache decode step, a few
-``nn`` modules, an Adam step and a GPT forward, backward and ``generate``; this process runs the
+backward (``tests/test_stress.py::make_calls``, float64), the KV-cache decode step, every
+``nn`` module, two AdamW steps and a GPT forward, backward and ``generate``; this process runs the
 same calls compiled, and every output must agree to round-off (float64: the Python fallbacks
 need not fuse or reassociate as LLVM does, so not bit for bit). Tiny shapes: the child takes
 ~15 s.
@@ -55,6 +55,16 @@ def outputs():
     y = stack(x)
     keep("Sequential", (y, stack.backward(rng.standard_normal(y.shape))))
     keep("Sequential grads", [p.grad for p in stack.parameters()])
+    attn = nn.SelfAttention(16, 8, dropout=0.1, dtype=f64, rng=5, seed=6)
+    z, w = attn(x, is_causal=True)
+    keep("SelfAttention", (z, w, attn.backward(rng.standard_normal(z.shape))))
+    embed, pos = nn.Embedding(11, 16, dtype=f64, rng=7), nn.PositionalEncoding(16, 9, 0.1,
+                                                                               dtype=f64, seed=8)
+    rope = nn.RotaryEmbedding(16, 9, dtype=f64)
+    tokens = rng.integers(0, 11, (2, 5))
+    e = rope(pos(embed(tokens)))
+    embed.backward(pos.backward(rope.backward(rng.standard_normal(e.shape))))
+    keep("Embedding, PositionalEncoding, RotaryEmbedding", (e, embed.weight.grad))
     opt = optim.AdamW(stack.parameters(), lr=0.1)
     opt.step()
     opt.step()
