@@ -126,7 +126,10 @@ def compile_target():
     (Numba's target name and whether it has AVX-512, which decides how LLVM vectorises the
     reductions that ``reassoc`` lets it reorder) and the register tiles in force. The tiles
     change no bits that were measured (README, The demo, measured), but are named to be sure."""
+    import numba
     from ..kernels import tiles
+    if numba.config.DISABLE_JIT:
+        return "NumPy's scalar arithmetic: NUMBA_DISABLE_JIT=1 compiles nothing"
     features = tiles.cpu_features()
     vectors = "AVX-512" if "avx512f" in features else "AVX2" if "avx2" in features else "no AVX2"
     return (f"the compile target {tiles.cpu_name()} ({vectors}), {tiles.isa_in_force()} tiles: "
