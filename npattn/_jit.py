@@ -82,6 +82,7 @@ import threading
 import urllib.parse
 
 import numba
+import numpy as np
 from numba import njit, types
 from numba.core import caching
 from numba.extending import intrinsic
@@ -206,6 +207,8 @@ def _jit(options, cache_class=KeyedCache):
     cache = options.pop("cache", False)
 
     def decorate(func):
+        if numba.config.DISABLE_JIT:
+            return _plain(func)
         dispatcher = njit(**options)(func)
         if cache and slp_enabled() and hasattr(dispatcher, "enable_caching"):   # (not under NUMBA_DISABLE_JIT)
             try:
@@ -214,6 +217,19 @@ def _jit(options, cache_class=KeyedCache):
                 pass                  # the dispatcher keeps its NullCache: compiled per process
         return dispatcher
     return decorate
+
+
+def _plain(func):
+    """A kernel under ``NUMBA_DISABLE_JIT=1``: the Python function, run with NumPy's warnings
+    off, as the compiled kernel runs (``error_model="numpy"``: 1/0 is inf without a word; uint64
+    arithmetic wraps, as the random streams of kernels/random.py mean it to). A breakpoint in
+    ``func`` stops there; ``py_func`` is ``func``, as on a dispatcher."""
+    @functools.wraps(func)
+    def plain(*args):
+        with np.errstate(all="ignore"):
+            return func(*args)
+    plain.py_func = func
+    return plain
 
 
 #: For ``numba.extending.overload``: a kernel whose form is picked by its argument types when
@@ -270,7 +286,9 @@ class ThreadSafeKernel:
         self._uncached = None
         self._serial = None
         self.twin = False          # declared with parallel_kernel(twin=True): .serial allowed
-        functools.update_wrapper(self, dispatcher.py_func)
+        # under NUMBA_DISABLE_JIT njit returns the Python function itself: it is its own py_func
+        self.py_func = getattr(dispatcher, "py_func", dispatcher)
+        functools.update_wrapper(self, self.py_func)
 
     def _target(self):
         if slp_enabled():

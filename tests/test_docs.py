@@ -1,4 +1,7 @@
-"""docs/backward.md kept honest, cheaply: its pointers name real functions, its identities hold.
+"""The documents kept honest, cheaply: docs/backward.md's pointers name real functions and its
+identities hold; docs/architecture.md's and CONTRIBUTING.md's pointers and paths exist and the
+lists they mirror (layers, tools, commands, kernel-marked test files, backward.md's sections, the
+module -> test map) are the code's.
 
 Each numeric test writes a formula exactly as the document states it and checks it, in float64,
 against ``npattn.reference`` (the textbook) or against central finite differences -- so an edit
@@ -11,6 +14,7 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from npattn import reference
@@ -661,3 +665,190 @@ def test_rotary_backward_is_the_rotation_by_minus_theta(seed, lead, length, h, i
     np.testing.assert_allclose((rotation_matrix(i) @ q) @ (rotation_matrix(j) @ k),
                                q @ rotation_matrix(j - i) @ k, **TOL)
 
+
+
+# ------------------------------------------------------------------------- the other documents
+#
+# docs/architecture.md and CONTRIBUTING.md point into the code and mirror lists of it (the
+# layers, the tools, the kernel-marked test files, the module -> test map). Each pointer must
+# name a definition that exists and each list must be the code's, so the prose cannot drift.
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+CONTRIBUTING = ROOT / "CONTRIBUTING.md"
+ANY_POINTER = re.compile(r"`((?:npattn|tests|benchmarks)/[\w/]+\.py)::([\w.]+)")
+PATH = re.compile(r"`((?:npattn|tests|benchmarks|docs)/[\w/]*(?:\.py|\.md|/))`")
+
+
+def top_level_names(path):
+    """What a ``path::name`` pointer may name: a top-level function, class or assigned name
+    (constants, aliases), or ``Class.member`` (a method, nested class or class attribute)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(f"{node.name}.{item.name}")
+                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    names.update(f"{node.name}.{t.id}" for t in targets
+                                 if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def missing_pointers(text):
+    missing = []
+    for file, name in sorted(set(ANY_POINTER.findall(text))):
+        path = ROOT / file
+        if not path.is_file():
+            missing.append(f"{file} (no such file)")
+        elif name not in top_level_names(path):
+            missing.append(f"{file}::{name}")
+    return missing
+
+
+def section(text, heading):
+    """The text from the line ``heading`` to the next heading of the same level."""
+    level = heading.split(" ")[0]
+    start = text.index(f"\n{heading}\n")
+    end = text.find(f"\n{level} ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def strip_parentheses(text):
+    out, depth = [], 0
+    for char in text:
+        depth += char == "("
+        if depth == 0:
+            out.append(char)
+        depth -= char == ")" and depth > 0
+    return "".join(out)
+
+
+def library_modules():
+    """Every module of the library: each ``.py`` under npattn/ but ``__main__.py`` and the
+    subpackages' ``__init__.py`` (npattn/__init__.py, the public names, counts)."""
+    package = ROOT / "npattn"
+    return sorted(p.relative_to(ROOT).as_posix() for p in package.rglob("*.py")
+                  if p.name != "__main__.py" and (p.name != "__init__.py" or p.parent == package))
+
+
+def tool_modules():
+    return sorted(p.stem for p in (ROOT / "npattn" / "tools").glob("*.py")
+                  if p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("doc", [ARCHITECTURE, CONTRIBUTING], ids=lambda p: p.name)
+def test_every_pointer_of_the_doc_names_a_definition(doc):
+    text = doc.read_text(encoding="utf-8")
+    assert len(ANY_POINTER.findall(text)) >= 20
+    missing = missing_pointers(text)
+    assert not missing, f"{doc.name} points at definitions that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", [ARCHITECTURE, CONTRIBUTING], ids=lambda p: p.name)
+def test_every_path_of_the_doc_exists(doc):
+    paths = set(PATH.findall(doc.read_text(encoding="utf-8")))
+    written = ("benchmarks/results/",)          # made by a run, not in the repository
+    missing = sorted(p for p in paths if not (ROOT / p).exists() and p not in written)
+    assert not missing, f"{doc.name} names files that do not exist: {missing}"
+
+
+def test_the_import_rules_table_is_the_layering_tests():
+    """architecture §2's table holds tests/test_layering.py::ALLOWED row by row."""
+    from test_layering import ALLOWED
+    text = section(ARCHITECTURE.read_text(encoding="utf-8"), "## 2. Which imports are allowed")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`npattn"):
+            continue
+        module = re.findall(r"`([\w.*]+)`", cells[0])[0].removesuffix(".*")
+        rows[module] = {name.removesuffix(".*") for name in
+                        re.findall(r"`([\w.*]+)`", strip_parentheses(cells[1]))}
+    assert rows == ALLOWED, ("docs/architecture.md §2's table and tests/test_layering.py::"
+                             f"ALLOWED differ: table {rows}, ALLOWED {ALLOWED}")
+
+
+def test_the_layer_diagram_names_every_layer_and_tool():
+    """§1's diagram shows every rule of ALLOWED (its top-level module or package) and every
+    tool; §1's table and §2's people row list every tool module."""
+    from test_layering import ALLOWED
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    layers = section(text, "## 1. The layers")
+    diagram = layers.split("```")[1]
+    for rule in ALLOWED:
+        name = rule.split(".")[1]
+        package = (ROOT / "npattn" / name).is_dir()
+        tail = "/" if package else r"(\.py)?(?![\w/])"
+        assert re.search(r"(?<![\w/])" + re.escape(name) + tail, diagram), \
+            f"the layer diagram of §1 lacks {name}{'/' if package else ''}"
+    people = next(line for line in diagram.splitlines() if line.lstrip().startswith("people"))
+    people += diagram.splitlines()[diagram.splitlines().index(people) + 1]   # its second line
+    table_row = next(line for line in layers.splitlines() if line.startswith("| `npattn/tools/`"))
+    rules = section(text, "## 2. Which imports are allowed")
+    people_rule = next(line for line in rules.splitlines() if "the people layer" in line)
+    for tool in tool_modules():
+        assert re.search(rf"\b{tool}\b", people), f"the layer diagram's tools lack {tool}"
+        assert f"`{tool}.py`" in table_row, f"§1's table row of npattn/tools/ lacks {tool}.py"
+        assert f"`{tool}`" in people_rule, f"§2's people layer row lacks {tool}"
+
+
+def test_the_commands_table_names_every_command():
+    from npattn.tools.cli import COMMANDS
+    text = section(ARCHITECTURE.read_text(encoding="utf-8"), "## 11. The commands")
+    for name, (module, _) in COMMANDS.items():
+        assert f"`npattn {name}" in text, f"§11's table lacks npattn {name}"
+        assert f"`{module.replace('.', '/')}.py`" in text, f"§11's table lacks {module}"
+
+
+def test_kernel_marked_files_are_listed():
+    """CONTRIBUTING's list of the test files marked ``kernel`` is the files that are."""
+    marked = sorted(p.name for p in (ROOT / "tests").glob("test_*.py")
+                    if re.search(r"^pytestmark = .*pytest\.mark\.kernel",
+                                 p.read_text(encoding="utf-8"), flags=re.M))
+    text = CONTRIBUTING.read_text(encoding="utf-8")
+    listed = text[text.index("carry `pytestmark = pytest.mark.kernel`"):]
+    listed = sorted(re.findall(r"`(test_\w+\.py)`", listed[:listed.index(")")]))
+    assert len(marked) >= 9
+    assert listed == marked, f"CONTRIBUTING lists {listed}; the files marked kernel are {marked}"
+
+
+def test_contributing_counts_the_backward_sections():
+    headings = re.findall(r"^## (\d+)\. ", doc_text(), flags=re.M)
+    count = re.search(r"The sections are\s+numbered 1–(\d+)",
+                      CONTRIBUTING.read_text(encoding="utf-8"))
+    assert count and int(count.group(1)) == len(headings), \
+        f"CONTRIBUTING says backward.md has sections 1–{count and count.group(1)}; " \
+        f"it has {len(headings)}"
+
+
+def test_every_module_maps_to_its_tests():
+    """CONTRIBUTING's module -> test-file map: every library module has a row, every row a
+    module, and each test file named exists and names the module or something it defines."""
+    text = section(CONTRIBUTING.read_text(encoding="utf-8"), "## Which tests test which module")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`npattn/"):
+            rows[cells[0].strip("`")] = re.findall(r"`(tests/test_\w+\.py)`",
+                                                   strip_parentheses(cells[1]))
+    modules = library_modules()
+    assert sorted(rows) == modules, (
+        f"modules without a row: {sorted(set(modules) - set(rows))}; "
+        f"rows without a module: {sorted(set(rows) - set(modules))}")
+    for module, test_files in rows.items():
+        assert test_files, f"{module} maps to no test file"
+        path = ROOT / module
+        words = {"npattn"} if path.name == "__init__.py" else {path.stem, path.stem.lstrip("_")}
+        words |= {n for n in top_level_names(path) if not n.startswith("_") and "." not in n
+                  and len(n) > 3}
+        for test_file in test_files:
+            assert (ROOT / test_file).is_file(), f"{module} maps to {test_file}: no such file"
+            source = (ROOT / test_file).read_text(encoding="utf-8")
+            assert any(re.search(rf"\b{re.escape(w)}\b", source) for w in words), \
+                f"{test_file} names nothing of {module}"

@@ -15,7 +15,7 @@ STDLIB = set(sys.stdlib_module_names)
 
 # module (or package prefix) -> third-party and npattn modules it may import (prefix match)
 ALLOWED = {
-    "npattn._jit": {"numba"},
+    "npattn._jit": {"numba", "numpy"},
     "npattn._checks": {"numpy"},
     "npattn.reference": {"numpy"},
     # (first match wins) the register tile writes LLVM IR: llvmlite, which Numba itself needs

@@ -106,7 +106,8 @@ def train(steps=1000, length=12, batch=64, d_model=64, num_heads=4, lr=3e-3, see
     out(f"held-out accuracy over {eval_size} new sequences: {token_acc:.2%} of tokens, "
         f"{seq_acc:.2%} of whole sequences; training took {seconds:.1f} s")
     digest = fingerprint(model)
-    out(f"trained weights fingerprint {digest} (the same for the same seed, at any --threads)")
+    out(f"trained weights fingerprint {digest} (the same for the same seed, at any --threads; "
+        f"it depends on {compile_target()})")
     return dict(losses=losses, token_accuracy=token_acc, sequence_accuracy=seq_acc,
                 seconds=seconds, model=model, fingerprint=digest)
 
@@ -118,6 +119,21 @@ def fingerprint(model):
         digest.update(name.encode())
         digest.update(array.tobytes())
     return digest.hexdigest()[:16]
+
+
+def compile_target():
+    """What the fingerprint depends on besides the seed: the CPU the kernels were compiled for
+    (Numba's target name and whether it has AVX-512, which decides how LLVM vectorises the
+    reductions that ``reassoc`` lets it reorder) and the register tiles in force. The tiles
+    change no bits that were measured (README, The demo, measured), but are named to be sure."""
+    import numba
+    from ..kernels import tiles
+    if numba.config.DISABLE_JIT:
+        return "NumPy's scalar arithmetic: NUMBA_DISABLE_JIT=1 compiles nothing"
+    features = tiles.cpu_features()
+    vectors = "AVX-512" if "avx512f" in features else "AVX2" if "avx2" in features else "no AVX2"
+    return (f"the compile target {tiles.cpu_name()} ({vectors}), {tiles.isa_in_force()} tiles: "
+            f"README, The demo, measured")
 
 
 def main(argv=None):

@@ -586,6 +586,10 @@ def build_parser(prog="npattn explain"):
                         help="seed of the random embeddings, weights and dropout (default 0)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="dtype of npattn's kernels (default float32)")
+    parser.add_argument("--plot", metavar="DIR", default=None,
+                        help="also draw the steps as PNGs in DIR: the scores, the softmax "
+                             "weights as a heatmap, the output, the batch's masked weights "
+                             "(needs matplotlib: pip install \"npattn[plot]\")")
     return parser
 
 
@@ -593,8 +597,18 @@ def main(argv=None, prog="npattn explain"):
     args = build_parser(prog).parse_args(argv)
     if args.seed < 0:
         build_parser(prog).error(f"--seed must be non-negative; got {args.seed}")
+    if args.plot is not None:
+        from . import plot
+        try:
+            plot.require("--plot")                    # before any work: one line, status 2
+        except plot.PlotUnavailable as error:
+            print(f"{prog}: {error}", file=sys.stderr)
+            return 2
     _utf8_safe(sys.stdout)
     result = run(args.seed, np.dtype(args.dtype), strict=False)
+    if args.plot is not None:
+        for path in plot.explain_figures(result, args.plot):
+            print(f"wrote {path}")
     return 0 if result["ok"] else 1
 
 

@@ -81,6 +81,8 @@ import zipfile
 import numpy as np
 
 from .. import distributed
+from ..functional.attention import attention
+from ..functional.linear import linear
 from ..models import GPT, GPTConfig
 from ..optim import AdamW, CosineAnnealingLR, LinearLR, SequentialLR
 
@@ -762,10 +764,17 @@ def _resume(path, model, vocab, text_digest, schedule, batches):
 
 # ------------------------------------------------------------------ sample
 
-def sample(checkpoint, prompt=None, max_new_tokens=500, temperature=1.0, top_k=None, seed=0):
+def sample(checkpoint, prompt=None, max_new_tokens=500, temperature=1.0, top_k=None, seed=0,
+           attention_map=None, attention_layer=None):
     """``prompt`` followed by ``max_new_tokens`` characters sampled from the checkpoint's
-    model (the default prompt: a newline, or the vocabulary's first character without one)."""
+    model (the default prompt: a newline, or the vocabulary's first character without one).
+    With ``attention_map`` (a .png path), also draws every head's attention weights of block
+    ``attention_layer`` (default: the last) over the text's last ``block_size`` characters."""
     model, vocab, _ = load_checkpoint(checkpoint)
+    n_layer = model.config.n_layer
+    if attention_layer is not None and not 0 <= attention_layer < n_layer:
+        raise UsageError(f"argument --attention-layer: must be in [0, {n_layer}) (the "
+                         f"checkpoint's n_layer is {n_layer}); got {attention_layer}")
     if prompt is None:
         prompt = "\n" if "\n" in vocab.index else vocab.chars[0]
     if not prompt:
@@ -773,7 +782,45 @@ def sample(checkpoint, prompt=None, max_new_tokens=500, temperature=1.0, top_k=N
     ids = vocab.encode(prompt, "--prompt")
     out = model.generate(ids[None], max_new_tokens, temperature=temperature, top_k=top_k,
                          seed=seed)
-    return prompt + vocab.decode(out[0, len(ids):])
+    text = prompt + vocab.decode(out[0, len(ids):])
+    if attention_map is not None:
+        layer = n_layer - 1 if attention_layer is None else attention_layer
+        window = out[:, -model.config.block_size:]                      # (1, T)
+        weights = attention_weights(model, window, layer)               # (nh, T, T)
+        from . import plot
+        plot.attention_map(weights, vocab.decode(window[0]), attention_map,
+                           f"block {layer}'s attention, every head, over the sampled text "
+                           f"({window.shape[1]} characters; row: query, column: key)")
+    return text
+
+
+def attention_weights(model, idx, layer):
+    """The causal attention weights (nh, T, T) of block ``layer`` of ``model`` on the token ids
+    ``idx`` (1, T), in eval mode: the block's attention input is caught during a forward, and
+    its q and k give softmax(q·kᵀ/√hs) with keys after the query masked (npattn.attention)."""
+    attn = model.transformer.h[layer].attn
+    caught = {}
+    forward = attn.forward
+
+    def catch(x):
+        caught["x"] = x                                                   # (1, T, C)
+        return forward(x)
+    was_training = model.training
+    object.__setattr__(attn, "forward", catch)
+    try:
+        model.eval()
+        model(idx)
+    finally:
+        del attn.__dict__["forward"]
+        model.train(was_training)
+    x = caught["x"]
+    c, nh = attn.n_embd, attn.n_head
+    bias = None if attn.c_attn.bias is None else attn.c_attn.bias.data
+    qkv = linear(x, attn.c_attn.weight.data, bias)                       # (1, T, 3C)
+    q, k, v = (qkv[..., i * c:(i + 1) * c].reshape(1, -1, nh, c // nh).transpose(0, 2, 1, 3)
+               for i in range(3))                                        # (1, nh, T, hs)
+    _, weights = attention(q, k, v, is_causal=True)                      # (1, nh, T, T)
+    return weights[0]
 
 
 # ------------------------------------------------------------------ the command line
@@ -879,6 +926,11 @@ def build_parser(prog="npattn gpt"):
                    help="seeds the sampling: same seed, same text")
     s.add_argument("--threads", type=_int_at_least(1), default=None,
                    help="Numba threads (default: all cores)")
+    s.add_argument("--attention-map", metavar="FILE.png", default=None,
+                   help="also draw every head's attention weights of one block over the "
+                        "sampled text (needs matplotlib: pip install \"npattn[plot]\")")
+    s.add_argument("--attention-layer", type=_int_at_least(0), default=None, metavar="L",
+                   help="the block --attention-map draws (default: the last)")
     return parser
 
 
@@ -951,9 +1003,18 @@ def _main(argv, prog):
             if result["stopped"]:
                 return 128 + result["stopped"]        # 130 for SIGINT, 143 for SIGTERM
         else:
+            if args.attention_map is not None:
+                from . import plot
+                try:
+                    plot.require("--attention-map")     # before any work: one line, status 2
+                except plot.PlotUnavailable as error:
+                    print(f"{sub}: {error}", file=sys.stderr)
+                    return 2
             text = sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature,
-                          args.top_k, args.seed)
+                          args.top_k, args.seed, args.attention_map, args.attention_layer)
             sys.stdout.write(text + "\n")
+            if args.attention_map is not None:
+                sys.stdout.write(f"wrote {args.attention_map}\n")
     except UsageError as error:
         parser.commands[args.action].error(str(error))      # usage, message; exit status 2
     except Exception:
