@@ -125,7 +125,8 @@ class CausalSelfAttention(Module):
         q, k, v = self._heads(self.c_attn(x))                       # (B, nh, T, hs) each
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._generator) if p > 0 else None
-        y, lse = scaled_dot_product_attention_forward(q, k, v, None, p, True, seed=seed)
+        y, lse = scaled_dot_product_attention_forward(q, k, v, dropout_p=p, is_causal=True,
+                                                      seed=seed)
         self._saved = (q, k, v, y, lse, p, seed)
         return self.resid_dropout(self.c_proj(_merge_heads(y)))     # (B, T, C)
 
@@ -137,8 +138,8 @@ class CausalSelfAttention(Module):
         dy = _split_heads(self.c_proj.backward(self.resid_dropout.backward(dout)),
                           self.n_head)                              # (B, nh, T, hs)
         # the fused SDPA backward rebuilds each block of probabilities from lse (section 8)
-        dq, dk, dv = scaled_dot_product_attention_backward(dy, q, k, v, y, lse, None, p, True,
-                                                           seed=seed)
+        dq, dk, dv = scaled_dot_product_attention_backward(dy, q, k, v, y, lse, dropout_p=p,
+                                                           is_causal=True, seed=seed)
         # q, k, v were three column blocks of one c_attn output: their gradients, merged
         # back to (B, T, C), sit side by side in the gradient of that output
         dqkv = np.concatenate([_merge_heads(g) for g in (dq, dk, dv)], axis=-1)  # (B, T, 3C)

@@ -61,16 +61,16 @@ class SelfAttention(Module):
         v = self.W_V(x)                                            # (..., L, d_v)
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._generator) if p > 0 else None
-        output, weights, lse = attention(q, k, v, mask, p, is_causal=is_causal, seed=seed,
-                                         return_logsumexp=True)
+        output, weights, lse = attention(q, k, v, mask, dropout_p=p, is_causal=is_causal,
+                                         seed=seed, return_logsumexp=True)
         self._saved = (q, k, v, mask, p, is_causal, seed, output, lse)
         return output, weights                                     # (..., L, d_v), (..., L, L)
 
     def backward(self, dout):
         """dx = dQ·W_Q + dK·W_K + dV·W_V; adds the three projections' parameter gradients."""
         q, k, v, mask, p, is_causal, seed, output, lse = self._saved_for_backward()
-        dq, dk, dv = attention_backward(dout, q, k, v, mask, p, is_causal=is_causal, seed=seed,
-                                        output=output, logsumexp=lse)
+        dq, dk, dv = attention_backward(dout, q, k, v, mask, dropout_p=p, is_causal=is_causal,
+                                        seed=seed, output=output, logsumexp=lse)
         return self.W_Q.backward(dq) + self.W_K.backward(dk) + self.W_V.backward(dv)
 
     def extra_repr(self):
@@ -331,11 +331,11 @@ class MultiheadAttention(Module):
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._generator) if p > 0 else None
         if need_weights:                                    # weights (N, H, L, S')
-            heads_out, weights, lse = attention(q, k, v, mask, p, is_causal=causal, seed=seed,
-                                                return_logsumexp=True)
+            heads_out, weights, lse = attention(q, k, v, mask, dropout_p=p, is_causal=causal,
+                                                seed=seed, return_logsumexp=True)
         else:
-            heads_out, lse = scaled_dot_product_attention_forward(q, k, v, mask, p, causal,
-                                                                  seed=seed)
+            heads_out, lse = scaled_dot_product_attention_forward(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal, seed=seed)
             weights = None                                  # heads_out (N, H, L, D), lse (N, H, L)
         output = self.out_proj(_merge_heads(heads_out, batch_first))    # query's layout
         self._saved = dict(query=query, key=key, value=value, q=q, k=k, v=v, mask=mask,
@@ -363,7 +363,8 @@ class MultiheadAttention(Module):
             dout = dout.reshape(dout.shape[0], 1, dout.shape[1])             # (L, 1, E)
         dheads = _split_heads(self.out_proj.backward(dout), self.num_heads, s["batch_first"])
         dq, dk, dv = scaled_dot_product_attention_backward(
-            dheads, s["q"], s["k"], s["v"], s["out"], s["lse"], s["mask"], s["p"], s["causal"],
+            dheads, s["q"], s["k"], s["v"], s["out"], s["lse"], attn_mask=s["mask"],
+            dropout_p=s["p"], is_causal=s["causal"],
             seed=s["seed"])                                 # (N, H, L, D), (N, H, S', D) x2
         n_keys, e = s["n_keys"], self.embed_dim
         if self.bias_k is not None:                         # key/value column S: the biases
