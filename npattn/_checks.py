@@ -539,15 +539,18 @@ def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, options):
     return VarlenArgs(args._replace(options=checked), cu_q, cu_k)
 
 
-def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_causal, scale,
-                  enable_gqa):
-    """scaled_dot_product_attention_with_kv_cache's arguments, checked: query (..., H, L, E),
+def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, options):
+    """scaled_dot_product_attention_with_kv_cache's arguments, checked (of ``options``, an
+    AttentionOptions, it takes is_causal, scale and enable_gqa): query (..., H, L, E),
     key_cache (..., Hkv, Smax, E), value_cache (..., Hkv, Smax, Ev) with the same batch dims
     (no broadcasting: a cache belongs to its sequences), the caches C-contiguous and writeable
     ndarrays (they are written in place, and read without a copy), and the new key (..., Hkv,
     L, E) and value (..., Hkv, L, Ev), both or neither, fitting at cache_length. Returns
     (query, key_cache, value_cache, key, value, n_keys, is_causal, scale): query, key and value
     C-contiguous; n_keys the live keys after the write."""
+    if not isinstance(options, AttentionOptions):
+        raise TypeError(f"options must be an AttentionOptions; got {type(options).__name__}")
+    is_causal, scale, enable_gqa = options.is_causal, options.scale, options.enable_gqa
     query = float_array("query", query)
     min_ndim("query", query, 3, "(..., H, L, E)")
     lead, (heads, n_rows, width) = query.shape[:-3], query.shape[-3:]

@@ -9,6 +9,36 @@ Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) 
 (..., H, L, Ev). The batch dims (before the head dim) broadcast; with ``enable_gqa`` query head
 h reads key/value head h // (H / Hkv), as ``repeat_interleave`` would arrange it.
 
+Call map, from the public ops down to the engine (``a -> b``: a calls b; ``a => b``: a hands
+b on without calling it by name). kernels/attention.py's map goes on from the kernels to their
+work items and tiles; tests/test_call_maps.py checks every name and arrow of both::
+
+    scaled_dot_product_attention          -> _sdpa_forward
+    scaled_dot_product_attention_forward  -> _sdpa_forward
+    _sdpa_forward                         -> _checks.attention_args, _prepare, _run_forward,
+                                             _shaped
+    scaled_dot_product_attention_backward -> _checks.attention_args, _prepare, _backward_args,
+                                             _normalisers, _backward
+    attention                             -> _checks.attention_args, _prepare, _run_forward
+    attention_backward                    -> _checks.attention_args, _prepare, _run_forward,
+                                             _backward_args, _normalisers, _backward
+    scaled_dot_product_attention_varlen   -> _varlen_forward
+    scaled_dot_product_attention_varlen_forward -> _varlen_forward
+    _varlen_forward                       -> _varlen_run, _run_forward, _packed
+    scaled_dot_product_attention_varlen_backward -> _varlen_run, _normalisers, _run_backward,
+                                             _sink_gradient
+    _varlen_run -> _checks.varlen_args, _prepare
+    _prepare    -> _stack, engine     # run.kernels: the "attention" engine instance of the
+                                      # dtype's register tile (kernels/tiles.py::engine)
+    _backward   -> _run_backward, _sink_gradient, _gradients
+    _run_forward  -> _forward_blocks, kernels/attention.py::attention_forward_kernel
+    _run_backward -> _splits, kernels/attention.py::attention_backward_kernel
+    scaled_dot_product_attention_with_kv_cache -> _checks.kv_cache_args, decode_chunk
+    scaled_dot_product_attention_with_kv_cache => decode_attention_kernel   # or its .serial
+
+Each public entry point builds one ``AttentionOptions`` (npattn/_checks.py) from its keywords;
+``_checks.attention_args`` checks it once and everything below reads the checked record.
+
 The engine (``kernels/attention.py``) streams over blocks of keys with an online softmax and
 never holds the L×S matrix: the forward keeps the output and one logsumexp per row, and
 backward rebuilds each block of probabilities from them. Only ``attention``, whose caller asks
@@ -621,7 +651,8 @@ def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, ca
     """
     (query, key_cache, value_cache, key, value, n_keys, causal,
      scale) = _checks.kv_cache_args(query, key_cache, value_cache, cache_length, key, value,
-                                    is_causal, scale, enable_gqa)
+                                    AttentionOptions(is_causal=is_causal, scale=scale,
+                                                     enable_gqa=enable_gqa))
     *lead, heads, n_rows, _ = query.shape
     if key is not None:                                   # the new entries, in place
         key_cache[..., n_keys - n_rows:n_keys, :] = key
