@@ -24,7 +24,11 @@ import numpy as np
 from .._checks import FLOAT_DTYPES, converted, float_dtype
 
 
-_inference = threading.local()          # .active: no_saving() is on in this thread
+class _Inference(threading.local):
+    active = False                      # no_saving() is on in this thread
+
+
+_inference = _Inference()
 
 
 @contextlib.contextmanager
@@ -32,7 +36,7 @@ def no_saving():
     """Forwards run inside this context save nothing for backward: a module's ``self._saved =
     ...`` is dropped, and what its last forward outside saved stays (a backward after them
     pairs with that forward). Per thread; nests."""
-    before = getattr(_inference, "active", False)
+    before = _inference.active
     _inference.active = True
     try:
         yield
@@ -96,7 +100,7 @@ class Module:
     # ------------------------------------------------------------ registration
     def __setattr__(self, name, value):
         if name == "_saved":                            # what forward keeps for backward:
-            if not getattr(_inference, "active", False):    # never a parameter, buffer or
+            if not _inference.active:                   # never a parameter, buffer or
                 object.__setattr__(self, name, value)       # module (none under no_saving)
             return
         if "_parameters" not in self.__dict__:
