@@ -14,6 +14,7 @@ Policy
 import collections
 import math
 import numbers
+import typing
 
 import numpy as np
 
@@ -310,32 +311,63 @@ def gqa_heads(heads, kv_heads, enable_gqa, query, key_name, key, names, head_dim
     return enable_gqa
 
 
+class AttentionOptions(typing.NamedTuple):
+    """Attention's options, one record under PyTorch's keyword names (and npattn's own after
+    them): each public entry point of functional/attention.py builds one from its keywords,
+    attention_args checks it once, and every function below takes the checked record.
+
+    As given: attn_mask None, a bool or a float array; dropout_p; is_causal; scale None or a
+    real; enable_gqa; seed None or an int; causal_alignment "top-left" or "bottom-right";
+    window None or (left, right); alibi_slopes, softcap, sinks None or their values.
+    Checked (attention_args): attn_mask None or a C-contiguous bool or query-dtype array;
+    dropout_p a float; is_causal, enable_gqa bools; scale a float (1/√E by default); seed an
+    int (0 without dropout); causal_alignment one of ALIGNMENTS; window (left, right), each an
+    int >= 0 or None; alibi_slopes None or a C-contiguous query-dtype array that broadcasts to
+    (batch..., H); softcap None or a finite float > 0; sinks None or a C-contiguous query-dtype
+    array (H,).
+    """
+    attn_mask: object = None
+    dropout_p: float = 0.0
+    is_causal: bool = False
+    scale: object = None
+    enable_gqa: bool = False
+    seed: object = None
+    causal_alignment: str = "top-left"
+    window: object = None
+    alibi_slopes: object = None
+    softcap: object = None
+    sinks: object = None
+
+    @property
+    def bottom_right(self):
+        """The diagonal of is_causal, window and ALiBi is bottom-right (i + S - L)."""
+        return self.causal_alignment == "bottom-right"
+
+
 #: scaled_dot_product_attention's arguments, checked (attention_args): query, key, value
-#: C-contiguous arrays of one float dtype; mask None, or a C-contiguous bool or query-dtype
-#: array; batch the broadcast batch dims (a tuple); heads H; dropout_p a float; is_causal a
-#: bool; scale a float (1/√E by default); seed an int; bottom_right: the causal alignment is
-#: "bottom-right" (the diagonal of is_causal, window and ALiBi); window (left, right), each
-#: an int >= 0 or None; alibi_slopes None or a C-contiguous query-dtype array that broadcasts
-#: to (batch..., H); softcap None or a finite float > 0; sinks None or a C-contiguous
-#: query-dtype array (H,); out_ndim the rank of the output.
-AttentionArgs = collections.namedtuple(
-    "AttentionArgs", "query key value mask batch heads dropout_p is_causal scale seed "
-                     "bottom_right window alibi_slopes softcap sinks out_ndim")
+#: C-contiguous arrays of one float dtype; batch the broadcast batch dims (a tuple); heads H;
+#: out_ndim the rank of the output; options the checked AttentionOptions.
+AttentionArgs = collections.namedtuple("AttentionArgs",
+                                       "query key value batch heads out_ndim options")
 
 
-def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, seed,
-                   causal_alignment, mask_name, window=None, alibi_slopes=None, softcap=None,
-                   sinks=None):
-    """Everything scaled_dot_product_attention takes, checked; returns an AttentionArgs.
+def attention_args(query, key, value, options, *, mask_name="attn_mask"):
+    """Everything scaled_dot_product_attention takes, checked: the arrays and ``options`` (an
+    AttentionOptions as given); returns an AttentionArgs holding the checked options.
 
     query (..., H, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -- or 2-D (L, E) etc.
     without a head dim -- of one float dtype; leading batch dims broadcast; H = Hkv, or a
     multiple of it with enable_gqa (or Hkv = 1, which broadcasts). The mask (bool, or float of
-    the query dtype) must broadcast to (batch..., H, L, S) without enlarging it. window: see
-    window_value. alibi_slopes (ALiBi: one slope per head, (H,) or (batch..., H)): an array of
-    the query dtype that broadcasts to (batch..., H). softcap: a finite real > 0, or None.
-    sinks (one logit per head): an array (H,) of the query dtype.
+    the query dtype; ``mask_name`` in the messages) must broadcast to (batch..., H, L, S)
+    without enlarging it. window: see window_value. alibi_slopes (ALiBi: one slope per head,
+    (H,) or (batch..., H)): an array of the query dtype that broadcasts to (batch..., H).
+    softcap: a finite real > 0, or None. sinks (one logit per head): an array (H,) of the
+    query dtype.
     """
+    if not isinstance(options, AttentionOptions):
+        raise TypeError(f"options must be an AttentionOptions; got {type(options).__name__}")
+    (mask, dropout_p, is_causal, scale, enable_gqa, seed, causal_alignment, window,
+     alibi_slopes, softcap, sinks) = options
     query = float_array("query", query)
     key = float_array("key", key)
     value = float_array("value", value)
@@ -411,13 +443,13 @@ def attention_args(query, key, value, mask, dropout_p, is_causal, scale, enable_
                              f"head; got {sinks.shape}")
         sinks = contiguous(sinks)
     query, key, value = contiguous(query, key, value)
-    return AttentionArgs(
-        query=query, key=key, value=value, mask=mask, batch=batch, heads=heads,
-        dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
+    checked = AttentionOptions(
+        attn_mask=mask, dropout_p=dropout_p, is_causal=flag("is_causal", is_causal),
         scale=(1.0 / math.sqrt(width) if width else 1.0) if scale is None else scale,
-        seed=seed_value("seed", seed), bottom_right=causal_alignment == "bottom-right",
-        window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-        out_ndim=max(query.ndim, key.ndim, value.ndim))
+        enable_gqa=enable_gqa, seed=seed_value("seed", seed), causal_alignment=causal_alignment,
+        window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)
+    return AttentionArgs(query=query, key=key, value=value, batch=batch, heads=heads,
+                         out_ndim=max(query.ndim, key.ndim, value.ndim), options=checked)
 
 
 def cu_seqlens_value(name, value, total, owner):
@@ -450,10 +482,9 @@ def cu_seqlens_value(name, value, total, owner):
 VarlenArgs = collections.namedtuple("VarlenArgs", "attention cu_q cu_k")
 
 
-def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_causal, scale,
-                enable_gqa, seed, causal_alignment, window, alibi_slopes, softcap=None,
-                sinks=None):
-    """Everything scaled_dot_product_attention_varlen takes, checked; returns a VarlenArgs.
+def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, options):
+    """Everything scaled_dot_product_attention_varlen takes, checked: the arrays and
+    ``options`` (an AttentionOptions as given, without attn_mask); returns a VarlenArgs.
 
     query (total_q, H, E), key (total_k, Hkv, E), value (total_k, Hkv, Ev) of one float dtype
     (flash-attn's packed layout); H = Hkv, or a multiple of it with enable_gqa (or Hkv = 1);
@@ -461,6 +492,12 @@ def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_cau
     alibi_slopes (H,) or (n_seq, H) of the query dtype; the rest (softcap, sinks (H,) too) as
     attention_args.
     """
+    if not isinstance(options, AttentionOptions):
+        raise TypeError(f"options must be an AttentionOptions; got {type(options).__name__}")
+    if options.attn_mask is not None:
+        raise ValueError("varlen attention takes no attn_mask (as flash-attn); got "
+                         f"{type(options.attn_mask).__name__}")
+    alibi_slopes = options.alibi_slopes
     query = float_array("query", query)
     key = float_array("key", key)
     value = float_array("value", value)
@@ -479,8 +516,8 @@ def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_cau
     if value.shape[:2] != key.shape[:2]:
         raise ValueError(f"value must have shape ({total_k}, {kv_heads}, Ev) to match key "
                          f"{key.shape}; got {value.shape}")
-    enable_gqa = gqa_heads(heads, kv_heads, enable_gqa, query, "key", key,
-                           ("key's and value's", "key/value"), head_dim=1)
+    gqa_heads(heads, kv_heads, options.enable_gqa, query, "key", key,
+              ("key's and value's", "key/value"), head_dim=1)
     cu_q = cu_seqlens_value("cu_seqlens_q", cu_seqlens_q, total_q, "query")
     cu_k = cu_seqlens_value("cu_seqlens_k", cu_seqlens_k, total_k, "key")
     if cu_k.shape != cu_q.shape:
@@ -497,21 +534,23 @@ def varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_cau
                              f"({n_seq}, {heads}); got {alibi_slopes.shape}")
         alibi_slopes = contiguous(alibi_slopes)
     args = attention_args(query.transpose(1, 0, 2), key.transpose(1, 0, 2),
-                          value.transpose(1, 0, 2), None, dropout_p, is_causal, scale,
-                          enable_gqa, seed, causal_alignment, "attn_mask", window, None,
-                          softcap, sinks)
-    return VarlenArgs(args._replace(alibi_slopes=alibi_slopes), cu_q, cu_k)
+                          value.transpose(1, 0, 2), options._replace(alibi_slopes=None))
+    checked = args.options._replace(alibi_slopes=alibi_slopes)
+    return VarlenArgs(args._replace(options=checked), cu_q, cu_k)
 
 
-def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, is_causal, scale,
-                  enable_gqa):
-    """scaled_dot_product_attention_with_kv_cache's arguments, checked: query (..., H, L, E),
+def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, options):
+    """scaled_dot_product_attention_with_kv_cache's arguments, checked (of ``options``, an
+    AttentionOptions, it takes is_causal, scale and enable_gqa): query (..., H, L, E),
     key_cache (..., Hkv, Smax, E), value_cache (..., Hkv, Smax, Ev) with the same batch dims
     (no broadcasting: a cache belongs to its sequences), the caches C-contiguous and writeable
     ndarrays (they are written in place, and read without a copy), and the new key (..., Hkv,
     L, E) and value (..., Hkv, L, Ev), both or neither, fitting at cache_length. Returns
     (query, key_cache, value_cache, key, value, n_keys, is_causal, scale): query, key and value
     C-contiguous; n_keys the live keys after the write."""
+    if not isinstance(options, AttentionOptions):
+        raise TypeError(f"options must be an AttentionOptions; got {type(options).__name__}")
+    is_causal, scale, enable_gqa = options.is_causal, options.scale, options.enable_gqa
     query = float_array("query", query)
     min_ndim("query", query, 3, "(..., H, L, E)")
     lead, (heads, n_rows, width) = query.shape[:-3], query.shape[-3:]

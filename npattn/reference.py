@@ -322,11 +322,11 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, keep
     scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
     key, value, _ = _repeat_kv(query, key, value, enable_gqa)   # (..., H, S, E), (..., H, S, Ev)
     mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
-                      window)
+                      window=window)
     mask = _with_alibi(mask, alibi_slopes, query, key.shape[-2], causal_alignment)
-    output, _ = attention_forward(query, key, value, mask, keep, dropout_p, scale, softcap,
-                                  sinks)
-    scores = _masked_scores(query, key, mask, scale, softcap)
+    output, _ = attention_forward(query, key, value, mask=mask, keep=keep, dropout_p=dropout_p,
+                                  scale=scale, softcap=softcap, sinks=sinks)
+    scores = _masked_scores(query, key, mask, scale, softcap=softcap)
     if sinks is not None:
         scores = np.concatenate([scores, _sink_column(sinks, scores)], axis=-1)
     logsumexp = _logsumexp(scores)                                      # (..., H, L)
@@ -350,10 +350,11 @@ def scaled_dot_product_attention_backward(dout, query, key, value, attn_mask=Non
     scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
     key_h, value_h, group = _repeat_kv(query, key, value, enable_gqa)
     mask = _sdpa_mask(attn_mask, is_causal, query.shape[-2], key.shape[-2], causal_alignment,
-                      window)
+                      window=window)
     mask = _with_alibi(mask, alibi_slopes, query, key.shape[-2], causal_alignment)
     dquery, dkey, dvalue, dmask, *dsinks = attention_backward(
-        dout, query, key_h, value_h, mask, keep, dropout_p, scale, softcap, sinks)
+        dout, query, key_h, value_h, mask=mask, keep=keep, dropout_p=dropout_p, scale=scale,
+        softcap=softcap, sinks=sinks)
     if group > 1:                                        # (batch..., Hkv·group, S, ·) -> Hkv
         hkv = key.shape[-3]
         dkey = dkey.reshape(*dkey.shape[:-3], hkv, group, *dkey.shape[-2:]).sum(axis=-3)
@@ -409,8 +410,10 @@ def scaled_dot_product_attention_varlen_forward(query, key, value, cu_seqlens_q,
             continue                                     # (no keys: zeros and -inf)
         out_s, lse_s = scaled_dot_product_attention_forward(
             query[rows].transpose(1, 0, 2), key[keys].transpose(1, 0, 2),
-            value[keys].transpose(1, 0, 2), None, keep_s, dropout_p, is_causal, scale,
-            enable_gqa, causal_alignment, window, slopes, softcap, sinks)
+            value[keys].transpose(1, 0, 2), keep=keep_s, dropout_p=dropout_p,
+            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+            causal_alignment=causal_alignment, window=window, alibi_slopes=slopes,
+            softcap=softcap, sinks=sinks)
         output[rows] = out_s.transpose(1, 0, 2)
         logsumexp[:, rows] = lse_s
     return output, logsumexp
@@ -436,9 +439,10 @@ def scaled_dot_product_attention_varlen_backward(dout, query, key, value, cu_seq
             continue                                     # (no weights: zero gradients)
         dq, dk, dv, _, *dsinks_s = scaled_dot_product_attention_backward(
             dout[rows].transpose(1, 0, 2), query[rows].transpose(1, 0, 2),
-            key[keys].transpose(1, 0, 2), value[keys].transpose(1, 0, 2), None, keep_s,
-            dropout_p, is_causal, scale, enable_gqa, causal_alignment, window, slopes,
-            softcap, sinks)
+            key[keys].transpose(1, 0, 2), value[keys].transpose(1, 0, 2), keep=keep_s,
+            dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+            causal_alignment=causal_alignment, window=window, alibi_slopes=slopes,
+            softcap=softcap, sinks=sinks)
         dquery[rows], dkey[keys], dvalue[keys] = (g.transpose(1, 0, 2) for g in (dq, dk, dv))
         if dsinks_s:
             dsinks += dsinks_s[0]

@@ -9,6 +9,7 @@ and the magnitude of its terms; the error of a score (E products of |q||k|) move
 of its row, so the magnitudes are multiplied by ``amp`` = 1 + 2·E·max_j |score terms|/(S + E),
 and every example must check something: the output's bound stays below half its size.
 """
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from closeness import abs64, assert_close, f64, tolerance
 from npattn import (attention, attention_backward, attention_forward, dropout_mask, reference,
                     scaled_dot_product_attention, scaled_dot_product_attention_backward,
                     scaled_dot_product_attention_forward)
+from npattn.functional.attention import AttentionOptions
 from npattn.kernels import tiles
 from strategies import DTYPES, dtypes, layouts, lay_out, make_values
 
@@ -47,24 +49,25 @@ BK = tiles.engine("attention", np.float32).BK
 
 # ------------------------------------------------------------------ one drawn call
 
+#: The options of a drawn call: npattn's AttentionOptions record, field for field (keyword
+#: fields of a dataclass, so that a Case can set them one by one as it draws them).
+OptionFields = dataclasses.make_dataclass(
+    "OptionFields", [(name, object, dataclasses.field(default=default, kw_only=True))
+                     for name, default in AttentionOptions._field_defaults.items()])
+
+
 @dataclass
-class Case:
-    """The arguments of one call (arrays in their drawn dtype and layout) and what follows."""
+class Case(OptionFields):
+    """The arguments of one call (arrays in their drawn dtype and layout; the options are
+    AttentionOptions' fields, as keywords) and what follows."""
     query: np.ndarray
     key: np.ndarray
     value: np.ndarray
     dout: np.ndarray
-    attn_mask: object = None
-    dropout_p: float = 0.0
-    seed: object = None
-    is_causal: bool = False
-    causal_alignment: str = "top-left"
-    scale: object = None
-    enable_gqa: bool = False
-    window: object = None
-    alibi_slopes: object = None
-    softcap: object = None
-    sinks: object = None
+
+    def options(self):
+        """The options as npattn's record."""
+        return AttentionOptions(**{name: getattr(self, name) for name in AttentionOptions._fields})
 
     def __repr__(self):                     # shapes and options, not pages of numbers
         def describe(a):
@@ -72,13 +75,10 @@ class Case:
                 return "None"
             return (f"{a.dtype}{a.shape} strides={a.strides}"
                     f"{'' if a.flags.writeable else ' readonly'}")
-        arrays = ", ".join(f"{n}={describe(getattr(self, n))}"
-                           for n in ("query", "key", "value", "attn_mask"))
-        return (f"Case({arrays}, dropout_p={self.dropout_p!r}, seed={self.seed!r}, "
-                f"is_causal={self.is_causal}, causal_alignment={self.causal_alignment!r}, "
-                f"scale={self.scale!r}, enable_gqa={self.enable_gqa}, window={self.window!r}, "
-                f"alibi_slopes={self.alibi_slopes!r}, softcap={self.softcap!r}, "
-                f"sinks={self.sinks!r})")
+        fields = [f"{n}={describe(getattr(self, n))}" for n in ("query", "key", "value")]
+        fields += [f"{n}={describe(x) if isinstance(x, np.ndarray) else repr(x)}"
+                   for n, x in self.options()._asdict().items()]
+        return f"{type(self).__name__}({', '.join(fields)})"
 
     def _repr_pretty_(self, printer, cycle):   # Hypothesis prints this
         printer.text(repr(self))
@@ -115,16 +115,14 @@ class Case:
         return 1 / math.sqrt(self.query.shape[-1]) if self.scale is None else self.scale
 
     def kwargs(self):
-        return dict(attn_mask=self.attn_mask, dropout_p=self.dropout_p, is_causal=self.is_causal,
-                    scale=self.scale, enable_gqa=self.enable_gqa, seed=self.seed,
-                    causal_alignment=self.causal_alignment, window=self.window,
-                    alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks)
+        return self.options()._asdict()
 
     def attention_kwargs(self):
         """attention()'s keywords (the mask and dropout_p go positionally; no enable_gqa)."""
-        return dict(scale=self.scale, is_causal=self.is_causal, seed=self.seed,
-                    causal_alignment=self.causal_alignment, window=self.window,
-                    alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks)
+        kw = self.kwargs()
+        for name in ("attn_mask", "dropout_p", "enable_gqa"):
+            del kw[name]
+        return kw
 
     def grad_names(self, mask_grad):
         """The names of the backward's results, in its order."""
@@ -146,10 +144,11 @@ class Case:
         return np.array(m, dtype=bool if m.dtype == bool else np.float64)
 
     def reference_kwargs(self):
-        return dict(attn_mask=self.mask64(), keep=self.keep(), dropout_p=self.dropout_p,
-                    is_causal=self.is_causal, scale=self.scale, enable_gqa=self.enable_gqa,
-                    causal_alignment=self.causal_alignment, window=self.window,
-                    alibi_slopes=self.slopes64(), softcap=self.softcap, sinks=self.sinks64())
+        """The reference's keywords: the options in float64, seed replaced by the keep-mask."""
+        kw = self.kwargs()
+        del kw["seed"]
+        return dict(kw, attn_mask=self.mask64(), keep=self.keep(), alibi_slopes=self.slopes64(),
+                    sinks=self.sinks64())
 
     def slopes64(self):
         return None if self.alibi_slopes is None else f64(self.alibi_slopes)[0]

@@ -22,9 +22,11 @@ from npattn import (dropout_mask, reference, scaled_dot_product_attention_backwa
                     scaled_dot_product_attention_forward, scaled_dot_product_attention_varlen,
                     scaled_dot_product_attention_varlen_backward,
                     scaled_dot_product_attention_varlen_forward)
+from npattn.functional.attention import AttentionOptions
 from strategies import DTYPES, dtypes, make_values
-from test_attention import (ALIGNMENTS, BLOCK_EDGES, Case, assert_bound_is_meaningful, bounds,
-                            check, torch_formula, window_sides)
+from test_attention import (ALIGNMENTS, BLOCK_EDGES, Case, OptionFields,
+                            assert_bound_is_meaningful, bounds, check, torch_formula,
+                            window_sides)
 
 pytestmark = pytest.mark.kernel        # run again under each register tile in CI
 
@@ -42,23 +44,15 @@ class SequenceCase(Case):
 
 
 @dataclass
-class VarlenCase:
+class VarlenCase(OptionFields):
+    """A packed call: its arrays, and AttentionOptions' fields as keywords (attn_mask stays
+    None: varlen takes no mask)."""
     query: np.ndarray                   # (total_q, H, E)
     key: np.ndarray                     # (total_k, Hkv, E)
     value: np.ndarray                   # (total_k, Hkv, Ev)
     dout: np.ndarray                    # (total_q, H, Ev)
     cu_q: np.ndarray
     cu_k: np.ndarray
-    dropout_p: float = 0.0
-    seed: object = None
-    is_causal: bool = False
-    causal_alignment: str = "top-left"
-    scale: object = None
-    enable_gqa: bool = False
-    window: object = None
-    alibi_slopes: object = None
-    softcap: object = None
-    sinks: object = None
 
     def __repr__(self):
         return (f"VarlenCase({self.query.dtype}, q {self.query.shape}, k {self.key.shape}, "
@@ -81,10 +75,10 @@ class VarlenCase:
         return len(self.cu_q) - 1
 
     def kwargs(self):
-        return dict(dropout_p=self.dropout_p, is_causal=self.is_causal, scale=self.scale,
-                    enable_gqa=self.enable_gqa, seed=self.seed,
-                    causal_alignment=self.causal_alignment, window=self.window,
-                    alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks)
+        """The varlen call's keywords: the options but attn_mask."""
+        kw = {name: getattr(self, name) for name in AttentionOptions._fields}
+        del kw["attn_mask"]
+        return kw
 
     def keep(self):
         """The contract's flat keep-mask: the sequences' (H, L_s, S_s) masks in a row."""
@@ -95,11 +89,12 @@ class VarlenCase:
         return dropout_mask((n,), self.dropout_p, self.seed)
 
     def reference_kwargs(self):
-        return dict(keep=self.keep(), dropout_p=self.dropout_p, is_causal=self.is_causal,
-                    scale=self.scale, enable_gqa=self.enable_gqa,
-                    causal_alignment=self.causal_alignment, window=self.window,
+        """The reference's keywords: the options in float64, seed replaced by the keep-mask."""
+        kw = self.kwargs()
+        del kw["seed"]
+        return dict(kw, keep=self.keep(),
                     alibi_slopes=None if self.alibi_slopes is None else f64(self.alibi_slopes)[0],
-                    softcap=self.softcap, sinks=None if self.sinks is None else f64(self.sinks)[0])
+                    sinks=None if self.sinks is None else f64(self.sinks)[0])
 
     def sequences(self):
         """(rows, keys, SequenceCase) per sequence."""
@@ -116,10 +111,7 @@ class VarlenCase:
             t = lambda a: np.ascontiguousarray(a.transpose(1, 0, 2))      # noqa: E731
             yield rows, keys, SequenceCase(
                 t(self.query[rows]), t(self.key[keys]), t(self.value[keys]), t(self.dout[rows]),
-                dropout_p=self.dropout_p, seed=self.seed, is_causal=self.is_causal,
-                causal_alignment=self.causal_alignment, scale=self.scale,
-                enable_gqa=self.enable_gqa, window=self.window, alibi_slopes=slopes,
-                softcap=self.softcap, sinks=self.sinks, keep_s=keep_s)
+                **dict(self.kwargs(), alibi_slopes=slopes), keep_s=keep_s)
 
 
 def cumulative(lengths):

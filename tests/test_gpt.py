@@ -429,6 +429,24 @@ def test_generate_keeps_the_mode_and_what_backward_needs():
     np.testing.assert_array_equal(model.generate(idx, 0), idx)
 
 
+def test_decoding_is_forward_with_a_cache():
+    """generate runs the blocks' own forward: with a cache and no_saving, one row at a time,
+    it gives forward's last logits up to rounding; a cache in training mode is refused."""
+    model = GPT(SMALL, dtype=np.float64, rng=0).eval()
+    idx, _ = batch(np.random.default_rng(16), SMALL, 2, 6)
+    want = model(idx)[0][:, -1]
+    block_size, hs = SMALL.block_size, SMALL.n_embd // SMALL.n_head
+    caches = [tuple(np.zeros((2, SMALL.n_head, block_size, hs)) for _ in "kv")
+              for _ in model.transformer.h]
+    model._decode(idx[:, :3], 0, caches)                                  # prefill
+    for t in range(3, 6):
+        got = model._decode(idx[:, t:t + 1], t, caches)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    model.train()
+    with pytest.raises(ValueError, match="with a KV cache is inference: call eval"):
+        model.transformer.h[0].attn(np.zeros((2, 1, SMALL.n_embd)), caches[0], 3)
+
+
 # ------------------------------------------------------------------ training
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -998,3 +998,24 @@ def test_module_list_reaches_train_eval_to_zero_grad_and_gradients_flow():
     assert gradcheck_module(loop, (rng.standard_normal((4, 3)),), atol=1e-7, rtol=1e-5).ok
     loop.zero_grad()
     assert not any(p.grad.any() for p in loop.parameters())
+
+
+def test_no_saving_keeps_what_the_last_saving_forward_saved():
+    """Inside nn.module.no_saving() a forward saves nothing: a backward pairs with the last
+    forward outside it (or fails as before any forward); the flag nests and resets."""
+    from npattn.nn.module import no_saving
+    lin = nn.Linear(3, 2, dtype=np.float64, rng=0)
+    with no_saving():
+        lin(np.ones((4, 3)))
+    with pytest.raises(RuntimeError, match="before forward"):
+        lin.backward(np.ones((4, 2)))
+    x = np.arange(6.0).reshape(2, 3)
+    lin(x)
+    with no_saving():
+        with no_saving():
+            pass
+        lin(np.ones((5, 3)))                                # dropped: x stays saved
+    lin.backward(np.ones((2, 2)))
+    np.testing.assert_array_equal(lin.weight.grad, np.ones((2, 2)).T @ x)
+    lin(np.ones((1, 3)))                                    # saving again after the context
+    assert lin._saved.shape == (1, 3)

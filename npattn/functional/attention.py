@@ -9,6 +9,36 @@ Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) 
 (..., H, L, Ev). The batch dims (before the head dim) broadcast; with ``enable_gqa`` query head
 h reads key/value head h // (H / Hkv), as ``repeat_interleave`` would arrange it.
 
+Call map, from the public ops down to the engine (``a -> b``: a calls b; ``a => b``: a hands
+b on without calling it by name). kernels/attention.py's map goes on from the kernels to their
+work items and tiles; tests/test_call_maps.py checks every name and arrow of both::
+
+    scaled_dot_product_attention          -> _sdpa_forward
+    scaled_dot_product_attention_forward  -> _sdpa_forward
+    _sdpa_forward                         -> _checks.attention_args, _prepare, _run_forward,
+                                             _shaped
+    scaled_dot_product_attention_backward -> _checks.attention_args, _prepare, _backward_args,
+                                             _normalisers, _backward
+    attention                             -> _checks.attention_args, _prepare, _run_forward
+    attention_backward                    -> _checks.attention_args, _prepare, _run_forward,
+                                             _backward_args, _normalisers, _backward
+    scaled_dot_product_attention_varlen   -> _varlen_forward
+    scaled_dot_product_attention_varlen_forward -> _varlen_forward
+    _varlen_forward                       -> _varlen_run, _run_forward, _packed
+    scaled_dot_product_attention_varlen_backward -> _varlen_run, _normalisers, _run_backward,
+                                             _sink_gradient
+    _varlen_run -> _checks.varlen_args, _prepare
+    _prepare    -> _stack, engine     # run.kernels: the "attention" engine instance of the
+                                      # dtype's register tile (kernels/tiles.py::engine)
+    _backward   -> _run_backward, _sink_gradient, _gradients
+    _run_forward  -> _forward_blocks, kernels/attention.py::attention_forward_kernel
+    _run_backward -> _splits, kernels/attention.py::attention_backward_kernel
+    scaled_dot_product_attention_with_kv_cache -> _checks.kv_cache_args, decode_chunk
+    scaled_dot_product_attention_with_kv_cache => decode_attention_kernel   # or its .serial
+
+Each public entry point builds one ``AttentionOptions`` (npattn/_checks.py) from its keywords;
+``_checks.attention_args`` checks it once and everything below reads the checked record.
+
 The engine (``kernels/attention.py``) streams over blocks of keys with an online softmax and
 never holds the L×S matrix: the forward keeps the output and one logsumexp per row, and
 backward rebuilds each block of probabilities from them. Only ``attention``, whose caller asks
@@ -75,6 +105,7 @@ import math
 import numpy as np
 
 from .. import _checks
+from .._checks import AttentionOptions
 from ..kernels.attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, Dropout,
                                        UNBOUNDED, ForwardResults, Gradients, Inputs, Saved,
                                        Scores)
@@ -118,18 +149,19 @@ Run = collections.namedtuple("Run", "kernels inputs scores dropout shape n_batch
 
 
 def _prepare(args, cu_seqlens=None):
-    """The kernels' view of the checked arguments (an _checks.AttentionArgs): stacks, index
+    """The kernels' view of the checked arguments (an _checks.AttentionArgs, whose options are
+    the checked AttentionOptions): stacks, index
     maps, each batch's rows and keys, mask planes, dropout stream -- a Run. ``cu_seqlens``
     (cu_q, cu_k), int64: a packed variable-length batch (varlen), whose args hold the stacks
     (H, total, E) without batch dims; sequence s is then batch s of the engine, rows cu_q[s]
     .. cu_q[s + 1] and keys cu_k[s] .. cu_k[s + 1] of them, its results those rows of one
     result batch."""
-    batch, heads = args.batch, args.heads
+    batch, heads, options = args.batch, args.heads, args.options
     lead = len(batch)
     q4, qi = _stack(args.query, batch, lead)                     # (Bq, H, L, E)
     k4, ki = _stack(args.key, batch, lead)                       # (Bk, Hkv, S, E)
     v4, vi = _stack(args.value, batch, lead)                     # (Bv, Hkv, S, Ev)
-    mask = args.mask
+    mask = options.attn_mask
     dtype = q4.dtype
     bool_planes, float_planes, kind = NO_BOOL, NO_FLOAT[dtype], NO_MASK
     n_items = math.prod(batch) if cu_seqlens is None else cu_seqlens[0].shape[0] - 1
@@ -158,27 +190,27 @@ def _prepare(args, cu_seqlens=None):
         qi = ki = vi = np.zeros(q_len.shape[0], np.int64)        # one stack
         out_batch = np.zeros(q_len.shape[0], np.int64)
         slope_batch = q_len.shape
-    p = args.dropout_p
-    left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in args.window)
+    p = options.dropout_p
+    left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in options.window)
     slopes, sinks = NO_HEAD_VALUES[dtype], NO_HEAD_VALUES[dtype]
-    if args.alibi_slopes is not None:                            # (B·H,)
-        slopes = np.ascontiguousarray(np.broadcast_to(args.alibi_slopes,
+    if options.alibi_slopes is not None:                         # (B·H,)
+        slopes = np.ascontiguousarray(np.broadcast_to(options.alibi_slopes,
                                                       slope_batch + (heads,)))
         slopes = slopes.reshape(-1)
-    if args.sinks is not None:                                   # (B·H,)
-        sinks = np.ascontiguousarray(np.broadcast_to(args.sinks, slope_batch + (heads,)))
+    if options.sinks is not None:                                # (B·H,)
+        sinks = np.ascontiguousarray(np.broadcast_to(options.sinks, slope_batch + (heads,)))
         sinks = sinks.reshape(-1)
     sizes = q_len * k_len                                        # dropout: (H, L_b, S_b) each
     base = np.zeros_like(sizes)
     np.cumsum(sizes[:-1], out=base[1:])
-    scores = Scores(scale=args.scale, mask_kind=kind, bool_planes=bool_planes,
-                    float_planes=float_planes, plane_of=plane_of, causal=args.is_causal,
-                    offset=k_len - q_len if args.bottom_right else np.zeros_like(q_len),
+    scores = Scores(scale=options.scale, mask_kind=kind, bool_planes=bool_planes,
+                    float_planes=float_planes, plane_of=plane_of, causal=options.is_causal,
+                    offset=k_len - q_len if options.bottom_right else np.zeros_like(q_len),
                     window_left=left, window_right=right,
-                    alibi=args.alibi_slopes is not None, slopes=slopes,
-                    softcap=0.0 if args.softcap is None else args.softcap,
-                    sinks=args.sinks is not None, sink_logits=sinks)
-    dropout = Dropout(stream=stream_key(args.seed),
+                    alibi=options.alibi_slopes is not None, slopes=slopes,
+                    softcap=0.0 if options.softcap is None else options.softcap,
+                    sinks=options.sinks is not None, sink_logits=sinks)
+    dropout = Dropout(stream=stream_key(options.seed),
                       threshold=keep_threshold(p) if p > 0 else np.uint64(0),
                       scale=kept_scale(p, dtype), base=base * heads)
     return Run(kernels=engine("attention", dtype),
@@ -267,7 +299,7 @@ def _splits(run):
     return max(1, min(n_kb, -(-kernels.WORK_ITEMS // max(items, 1))))
 
 
-def _run_backward(run, dout, out, lse, norm, store_ds):
+def _run_backward(run, dout, out, lse, norm, *, store_ds):
     """dq (B, H, L, E), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, and the
     gradient of the masked scores (B, H, L, S) when store_ds. ``norm`` (B, H, L): each row's
     Σ_j exp(s_j - lse) (_normalisers)."""
@@ -308,21 +340,22 @@ def _gradients(args, run, dq, dk, dv, dscores, dsinks=None):
     if dsinks is not None:
         grads.append(dsinks)
     if dscores is not None:
-        mask = args.mask
+        mask = args.options.attn_mask
         full = dscores.reshape(batch + dscores.shape[1:])        # (*batch, H, L, S)
         grads.append(np.asarray(_sum_to(full, mask.shape)).reshape(mask.shape))  # 0-d: an array
     return tuple(grads)
 
 
-def _backward(args, run, dout, out, lse, norm, mask_grad):
+def _backward(args, run, dout, out, lse, norm, *, mask_grad):
     """The gradients in their inputs' shapes (_gradients) from the checked, stacked dout, out,
     lse and the normalisers: the kernel, and the sinks' gradient when there are sinks."""
-    dq, dk, dv, dscores = _run_backward(run, dout, out, lse, norm, mask_grad)
-    dsinks = _sink_gradient(args.sinks, dout, out, lse, norm) if args.sinks is not None else None
-    return _gradients(args, run, dq, dk, dv, dscores, dsinks)
+    dq, dk, dv, dscores = _run_backward(run, dout, out, lse, norm, store_ds=mask_grad)
+    sinks = args.options.sinks
+    dsinks = _sink_gradient(sinks, dout, out, lse, norm) if sinks is not None else None
+    return _gradients(args, run, dq, dk, dv, dscores, dsinks=dsinks)
 
 
-def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
+def _backward_args(dout, output, logsumexp, args, run, *, mask_name, mask_grad):
     """dout and output as (B, H, L, Ev), logsumexp as (B, H, L): checked against the shapes
     forward gave for these arguments, one dtype, C-contiguous."""
     q, v = run.inputs.q, run.inputs.v
@@ -336,11 +369,20 @@ def _backward_args(dout, output, logsumexp, args, run, mask_name, mask_grad):
                             "to match forward's for these query, key and value")
         arrays.append(_checks.contiguous(x).reshape(stacked + tail))
     if _checks.flag("mask_grad", mask_grad):
-        mask = args.mask
+        mask = args.options.attn_mask
         if mask is None or mask.dtype == np.bool_:
             raise ValueError(f"mask_grad=True needs a float {mask_name} (a bool mask has no "
                              f"gradient); got {'None' if mask is None else 'a bool mask'}")
     return arrays
+
+
+def _sdpa_forward(query, key, value, options):
+    """scaled_dot_product_attention_forward on its record: ``(output, logsumexp)`` in the
+    caller's shapes. ``options``: an AttentionOptions as given."""
+    args = _checks.attention_args(query, key, value, options)
+    run = _prepare(args)
+    out, lse, _, _ = _run_forward(run, store_weights=False)
+    return _shaped(out, run), _shaped(lse, run)
 
 
 def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -355,12 +397,10 @@ def scaled_dot_product_attention_forward(query, key, value, attn_mask=None, drop
     ``logsumexp`` (-inf for a fully masked row) is all backward needs besides the inputs:
     it rebuilds any block of weights as exp(score - logsumexp). ``scale`` defaults to 1/√E.
     """
-    args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                  enable_gqa, seed, causal_alignment, "attn_mask", window,
-                                  alibi_slopes, softcap, sinks)
-    run = _prepare(args)
-    out, lse, _, _ = _run_forward(run, store_weights=False)
-    return _shaped(out, run), _shaped(lse, run)
+    return _sdpa_forward(query, key, value, AttentionOptions(
+        attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, seed=seed, causal_alignment=causal_alignment, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -373,10 +413,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Shapes: query (..., H, L, E) · key (..., Hkv, S, E) · value (..., Hkv, S, Ev) ->
     output (..., H, L, Ev)
     """
-    return scaled_dot_product_attention_forward(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed=seed,
-        causal_alignment=causal_alignment, window=window, alibi_slopes=alibi_slopes,
-        softcap=softcap, sinks=sinks)[0]
+    return _sdpa_forward(query, key, value, AttentionOptions(
+        attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, seed=seed, causal_alignment=causal_alignment, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks))[0]
 
 
 def scaled_dot_product_attention_backward(dout, query, key, value, output, logsumexp,
@@ -397,14 +437,15 @@ def scaled_dot_product_attention_backward(dout, query, key, value, output, logsu
     dmask = ds (summed over the dims the mask was broadcast along; needs a float mask).
     Each block of p is rebuilt from ``logsumexp``; forward's arguments must be passed again.
     """
-    args = _checks.attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                  enable_gqa, seed, causal_alignment, "attn_mask", window,
-                                  alibi_slopes, softcap, sinks)
+    args = _checks.attention_args(query, key, value, AttentionOptions(
+        attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, seed=seed, causal_alignment=causal_alignment, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks))
     run = _prepare(args)
-    dout, output, lse = _backward_args(dout, output, logsumexp, args, run, "attn_mask",
-                                       mask_grad)
+    dout, output, lse = _backward_args(dout, output, logsumexp, args, run,
+                                       mask_name="attn_mask", mask_grad=mask_grad)
     norm = _normalisers(lse, lambda: _run_forward(run, store_weights=False)[3])
-    return _backward(args, run, dout, output, lse, norm, mask_grad)
+    return _backward(args, run, dout, output, lse, norm, mask_grad=mask_grad)
 
 
 def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_causal=False,
@@ -421,9 +462,10 @@ def attention(query, key, value, mask=None, dropout_p=0.0, *, scale=None, is_cau
     ``return_logsumexp=True`` returns ``(output, weights, logsumexp)``, logsumexp (..., L):
     hand output and logsumexp to attention_backward and it skips running the forward again.
     """
-    args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask", window, alibi_slopes, softcap,
-                                  sinks)
+    args = _checks.attention_args(query, key, value, AttentionOptions(
+        attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, seed=seed,
+        causal_alignment=causal_alignment, window=window, alibi_slopes=alibi_slopes,
+        softcap=softcap, sinks=sinks), mask_name="mask")
     run = _prepare(args)
     out, lse, weights, _ = _run_forward(run, store_weights=True)
     if _checks.flag("return_logsumexp", return_logsumexp):
@@ -447,9 +489,10 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
     through the pre-dropout probabilities -- at dropped positions too -- not through the
     returned weights.
     """
-    args = _checks.attention_args(query, key, value, mask, dropout_p, is_causal, scale, False,
-                                  seed, causal_alignment, "mask", window, alibi_slopes, softcap,
-                                  sinks)
+    args = _checks.attention_args(query, key, value, AttentionOptions(
+        attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, seed=seed,
+        causal_alignment=causal_alignment, window=window, alibi_slopes=alibi_slopes,
+        softcap=softcap, sinks=sinks), mask_name="mask")
     run = _prepare(args)
     if (output is None) != (logsumexp is None):
         given, missing = ("output", "logsumexp") if logsumexp is None else ("logsumexp",
@@ -462,27 +505,33 @@ def attention_backward(dout, query, key, value, mask=None, dropout_p=0.0, *, sca
         output, logsumexp = _shaped(out, run), _shaped(lse, run)
     else:
         stats = lambda: _run_forward(run, store_weights=False)[3]   # noqa: E731 (rare rows)
-    dout, out, lse = _backward_args(dout, output, logsumexp, args, run, "mask", mask_grad)
-    return _backward(args, run, dout, out, lse, _normalisers(lse, stats), mask_grad)
+    dout, out, lse = _backward_args(dout, output, logsumexp, args, run, mask_name="mask",
+                                    mask_grad=mask_grad)
+    return _backward(args, run, dout, out, lse, _normalisers(lse, stats), mask_grad=mask_grad)
 
 
 attention_forward = attention
 
 
-def _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_causal, scale,
-                enable_gqa, seed, causal_alignment, window, alibi_slopes, softcap, sinks):
+def _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, options):
     """The checked arguments of a varlen call (their AttentionArgs) and the engine's Run:
-    sequence s is batch s, in one stack per operand."""
+    sequence s is batch s, in one stack per operand. ``options``: an AttentionOptions as
+    given (no attn_mask)."""
     args, cu_q, cu_k = _checks.varlen_args(query, key, value, cu_seqlens_q, cu_seqlens_k,
-                                           dropout_p, is_causal, scale, enable_gqa, seed,
-                                           causal_alignment, window, alibi_slopes, softcap,
-                                           sinks)
+                                           options)
     return args, _prepare(args, (cu_q, cu_k))
 
 
 def _packed(x):
     """A stack (1, heads, total, W) of the engine as the packed (total, heads, W)."""
     return np.ascontiguousarray(x[0].transpose(1, 0, 2))
+
+
+def _varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, options):
+    """scaled_dot_product_attention_varlen_forward on its record: ``(output, logsumexp)``."""
+    _, run = _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, options)
+    out, lse, _, _ = _run_forward(run, store_weights=False)
+    return _packed(out), lse[0]
 
 
 def scaled_dot_product_attention_varlen_forward(query, key, value, cu_seqlens_q,
@@ -503,15 +552,15 @@ def scaled_dot_product_attention_varlen_forward(query, key, value, cu_seqlens_q,
     start -- the causal diagonal (bottom-right: i + S_s - L_s), the window and ALiBi's
     distance are per sequence; sequences never see each other and nothing is padded.
     ``alibi_slopes`` (H,) or (n_seq, H); ``softcap`` and ``sinks`` (H,) as there. A sequence
-    without keys gives zero output rows and logsumexp -inf (its sink, with sinks). Dropout keeps weight (s, h, i, j) by ``dropout_mask((H·Σ_t L_t·S_t,),
-    dropout_p, seed)`` at base_s + (h·L_s + i)·S_s + j, base_s = H·Σ_{t<s} L_t·S_t -- the
-    sequences' (H, L_s, S_s) masks one after the other. No attention mask (as flash-attn).
+    without keys gives zero output rows and logsumexp -inf (its sink, with sinks). Dropout
+    keeps weight (s, h, i, j) by ``dropout_mask((H·Σ_t L_t·S_t,), dropout_p, seed)`` at
+    base_s + (h·L_s + i)·S_s + j, base_s = H·Σ_{t<s} L_t·S_t -- the sequences' (H, L_s, S_s)
+    masks one after the other. No attention mask (as flash-attn).
     """
-    args, run = _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p,
-                            is_causal, scale, enable_gqa, seed, causal_alignment, window,
-                            alibi_slopes, softcap, sinks)
-    out, lse, _, _ = _run_forward(run, store_weights=False)
-    return _packed(out), lse[0]
+    return _varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, AttentionOptions(
+        dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+        seed=seed, causal_alignment=causal_alignment, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks))
 
 
 def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k,
@@ -525,10 +574,10 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
     Shapes: query (total_q, H, E) · key (total_k, Hkv, E) · value (total_k, Hkv, Ev) ·
     cu_seqlens_q, cu_seqlens_k (n_seq + 1,) -> output (total_q, H, Ev)
     """
-    return scaled_dot_product_attention_varlen_forward(
-        query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p, is_causal, scale,
-        enable_gqa, seed=seed, causal_alignment=causal_alignment, window=window,
-        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)[0]
+    return _varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, AttentionOptions(
+        dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+        seed=seed, causal_alignment=causal_alignment, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks))[0]
 
 
 def scaled_dot_product_attention_varlen_backward(dout, query, key, value, output, logsumexp,
@@ -546,9 +595,10 @@ def scaled_dot_product_attention_varlen_backward(dout, query, key, value, output
     scaled_dot_product_attention_backward's formulas, per sequence; each block of weights is
     rebuilt from ``logsumexp``, so forward's arguments (seed included) must be passed again.
     """
-    args, run = _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p,
-                            is_causal, scale, enable_gqa, seed, causal_alignment, window,
-                            alibi_slopes, softcap, sinks)
+    args, run = _varlen_run(query, key, value, cu_seqlens_q, cu_seqlens_k, AttentionOptions(
+        dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+        seed=seed, causal_alignment=causal_alignment, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks))
     heads, total_q = args.heads, args.query.shape[1]
     packed = (total_q, heads, args.value.shape[2])
     arrays = []
@@ -560,11 +610,12 @@ def scaled_dot_product_attention_varlen_backward(dout, query, key, value, output
         arrays.append(_checks.contiguous(x.transpose(1, 0, 2) if x.ndim == 3 else x)[None])
     dout, out, lse = arrays                            # (1, H, total_q, Ev) ×2, (1, H, total_q)
     norm = _normalisers(lse, lambda: _run_forward(run, store_weights=False)[3])
-    dq, dk, dv, _ = _run_backward(run, dout, out, lse, norm, False)
+    dq, dk, dv, _ = _run_backward(run, dout, out, lse, norm, store_ds=False)
     grads = (_packed(dq), _packed(dk), _packed(dv))
-    if args.sinks is None:
+    sinks = args.options.sinks
+    if sinks is None:
         return grads
-    return grads + (_sink_gradient(args.sinks, dout, out, lse, norm),)
+    return grads + (_sink_gradient(sinks, dout, out, lse, norm),)
 
 
 def decode_chunk(n_heads, n_keys):
@@ -600,7 +651,8 @@ def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, ca
     """
     (query, key_cache, value_cache, key, value, n_keys, causal,
      scale) = _checks.kv_cache_args(query, key_cache, value_cache, cache_length, key, value,
-                                    is_causal, scale, enable_gqa)
+                                    AttentionOptions(is_causal=is_causal, scale=scale,
+                                                     enable_gqa=enable_gqa))
     *lead, heads, n_rows, _ = query.shape
     if key is not None:                                   # the new entries, in place
         key_cache[..., n_keys - n_rows:n_keys, :] = key

@@ -1,5 +1,30 @@
 """Fused scaled dot-product attention, forward and backward (FlashAttention-2's loop nest).
 
+Call map, from the kernels functional/attention.py calls (``_run_forward``, ``_run_backward``:
+its map goes from the public ops to here) down to the tiles. ``a => b``: the parallel kernel a
+runs work item b through its address (``parallel_items(b)``, ``call_body``); ``a -> b``: a calls
+b. tests/test_call_maps.py checks every name and arrow::
+
+    attention_forward_kernel  => forward_item     # prange over (b, h, block of query rows)
+    forward_item   -> head_of, batch_scores, key_start, key_end, pack_lanes, pack_columns,
+                      ones_row, micro_kernel, softcap_scores, mask_panel, panel_softmax,
+                      finish_weights
+    mask_panel     -> key_start, key_end, alibi_panel
+    panel_softmax  -> lane_max, exp_shifted_native, micro_kernel, keep
+    finish_weights -> exp_nonpositive_native, keep
+    attention_backward_kernel => backward_item    # prange over (b, kv head, split of keys)
+    backward_item  -> batch_scores, head_of, key_start, key_end, pack_lanes, pack_columns,
+                      pack_query_block, backward_pair
+    pack_query_block -> pack_lanes, pack_columns
+    backward_pair  -> backward_tiles, rows_seeing, micro_kernel, add_tile
+    backward_tiles -> micro_kernel, softcap_tile, mask_tile, exp_nonpositive_native, keep_tile
+    mask_tile      -> key_start, key_end, alibi_row
+    keep_tile      -> keep
+
+``micro_kernel`` is the register tile (MR×NR, vector_tile.py); the score modifiers
+(``key_start``/``key_end``, ``alibi_*``, ``softcap_*``) and the records are in
+attention_state.py, ``keep`` in random.py, the exps in exp.py.
+
 Dims: B batch (broadcast, flattened), H query heads, Hkv key/value heads (H = G·Hkv, GQA), L
 queries, S keys, E query/key width, Ev value width. One (b, h) pair is a *head*.
 

@@ -1,5 +1,22 @@
 """The matrix-multiply engine: C[t] = op(A[a_index[t]]) · op(B[b_index[t]]) (+ bias) (+ C[t]).
 
+Call map, from the functional layer's products to the register tile (``a -> b``: a calls b;
+``a => b``: a hands b on -- a work item through its address, ``parallel_items(b)``, or a
+kernel chosen as ``run = b.serial if ... else b``). tests/test_call_maps.py checks every name
+and arrow::
+
+    functional/linear.py::linear_forward -> tiles.gemm   # (linear_backward, matmul: the same)
+    tiles.gemm     -> engine, kernels/gemm.py::gemm   # engine("gemm", dtype): this module
+    gemm           -> gemm_kernel, _index, _row_block, _packing_space, _small_columns
+    gemm           => batched_gemm_kernel, small_dot_kernel    # or their .serial twins
+    gemm_kernel    => pack_item, rows_item    # per K block: pack B's panels, then C's rows
+    pack_item      -> op_b_blocks, pack_b_panel
+    rows_item      -> op_b_blocks, start_rows, pack_a_block, block_product
+    batched_gemm_kernel => batch_item
+    batch_item     -> op_b_blocks, start_rows, pack_b_panel, pack_a_block, block_product
+    block_product  -> micro_add, micro_kernel     # the MR×NR tile (vector_tile.py)
+    small_dot_kernel -> add_four
+
 Every linear layer and every matrix product of npattn, forward and backward, runs here.
 Dims: T output batches, M rows of C, N columns, K the inner dim; op(X) is X or Xᵀ.
 

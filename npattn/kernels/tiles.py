@@ -201,9 +201,12 @@ def tile_of(module_name):
     try:
         return _loading[module_name]
     except KeyError:
+        name = module_name.rpartition('.')[2]
         raise ImportError(
             f"{module_name} is compiled per register tile: get an instance with "
-            f"npattn.kernels.tiles.engine({module_name.rpartition('.')[2]!r}, dtype)") from None
+            f"npattn.kernels.tiles.engine({name!r}, dtype), or call it through npattn's "
+            f"functions (the call map at the top of npattn/kernels/{name}.py shows the "
+            f"way)") from None
 
 
 def all_engines():

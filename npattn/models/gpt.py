@@ -29,14 +29,12 @@ from ..functional.attention import (scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_forward,
                                     scaled_dot_product_attention_with_kv_cache)
 from ..functional.cross_entropy import cross_entropy_backward, cross_entropy_forward
-from ..functional.embedding import embedding_forward
-from ..functional.layer_norm import layer_norm_forward
-from ..functional.linear import linear_forward
 from ..nn import init
+from ..nn.attention import merge_heads, split_heads
 from ..nn.dropout import Dropout, draw_seed
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
-from ..nn.module import Module, ModuleList
+from ..nn.module import Module, ModuleList, no_saving
 from ..nn.normalization import LayerNorm
 
 IGNORE_INDEX = -1              # nanoGPT's: targets equal to -1 take no part in the loss
@@ -72,28 +70,6 @@ class GPTConfig:
         self.bias = _checks.flag("bias", self.bias)
 
 
-def _split_heads(x, n_head):
-    """(B, T, C) -> (B, nh, T, hs), C-contiguous: head h is columns h·hs .. (h+1)·hs - 1."""
-    b, t, c = x.shape
-    return np.ascontiguousarray(x.reshape(b, t, n_head, c // n_head).transpose(0, 2, 1, 3))
-
-
-def _merge_heads(x):
-    """(B, nh, T, hs) -> (B, T, C): the heads side by side again (_split_heads undone)."""
-    b, n_head, t, hs = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, n_head * hs)
-
-
-def _bias(linear):
-    return None if linear.bias is None else linear.bias.data
-
-
-def _layer_norm(ln, x):
-    """``ln(x)`` without saving anything for backward (inference)."""
-    return layer_norm_forward(x, ln.normalized_shape, ln.weight.data,
-                              None if ln.bias is None else ln.bias.data, ln.eps)
-
-
 class CausalSelfAttention(Module):
     """nanoGPT's CausalSelfAttention: nh causal heads on one fused projection.
 
@@ -105,7 +81,8 @@ class CausalSelfAttention(Module):
 
     ``forward`` keeps q, k, v, y and the logsumexp (B, nh, T) for backward, never the T×T
     weights. The attention dropout seed is drawn per training forward from the module's own
-    generator. ``decode`` is the inference path with a KV cache.
+    generator. ``forward(x, cache, start)`` is the same forward with a KV cache (inference,
+    GPT.generate).
     """
 
     def __init__(self, config, *, dtype, rng, seeds):
@@ -119,48 +96,48 @@ class CausalSelfAttention(Module):
 
     def _heads(self, qkv):
         c = self.n_embd
-        return [_split_heads(qkv[..., i * c:(i + 1) * c], self.n_head) for i in range(3)]
+        return [split_heads(qkv[..., i * c:(i + 1) * c], self.n_head, True) for i in range(3)]
 
-    def forward(self, x):
+    def forward(self, x, cache=None, start=0):
+        """out (B, T, C). With ``cache`` = (k, v), each (B, nh, block_size, hs) -- inference,
+        in eval mode: x (B, L, C) holds positions start .. start + L - 1, the ``start`` before
+        them are in the cache, and this call writes its keys and values there at its
+        positions. Query i sees the cached keys and the new keys up to its own position
+        (bottom-right causal alignment: key j visible iff j <= start + i). A prefill (start
+        0) runs on the fused engine as without a cache; later calls on its decode path, which
+        splits the cache's keys across the threads (scaled_dot_product_attention_with_kv_cache)."""
+        if cache is not None and self.training:
+            raise ValueError("CausalSelfAttention.forward with a KV cache is inference: call "
+                             "eval() first (got a cache in training mode)")
         q, k, v = self._heads(self.c_attn(x))                       # (B, nh, T, hs) each
-        p = self.dropout if self.training else 0.0
-        seed = draw_seed(self._generator) if p > 0 else None
-        y, lse = scaled_dot_product_attention_forward(q, k, v, None, p, True, seed=seed)
-        self._saved = (q, k, v, y, lse, p, seed)
-        return self.resid_dropout(self.c_proj(_merge_heads(y)))     # (B, T, C)
+        if cache is None or start == 0:                 # training, or the new keys are all
+            p = self.dropout if self.training else 0.0
+            seed = draw_seed(self._generator) if p > 0 else None
+            y, lse = scaled_dot_product_attention_forward(q, k, v, dropout_p=p, is_causal=True,
+                                                          seed=seed)
+            self._saved = (q, k, v, y, lse, p, seed)
+            if cache is not None:
+                cache[0][:, :, :k.shape[2]] = k
+                cache[1][:, :, :v.shape[2]] = v
+        else:
+            y, _ = scaled_dot_product_attention_with_kv_cache(q, cache[0], cache[1], start, k, v,
+                                                              is_causal=True)
+        return self.resid_dropout(self.c_proj(merge_heads(y, True)))  # (B, T, C)
 
     def backward(self, dout):
         """dx = [dq dk dv]·W_attn (the three heads' gradients merged side by side)."""
         q, k, v, y, lse, p, seed = self._saved_for_backward()
         # out = resid_dropout(c_proj(merge(y))): back through dropout (same mask), c_proj
         # (adds dW_proj, db_proj), then the merge undone: a relabelling, nothing summed
-        dy = _split_heads(self.c_proj.backward(self.resid_dropout.backward(dout)),
-                          self.n_head)                              # (B, nh, T, hs)
+        dy = split_heads(self.c_proj.backward(self.resid_dropout.backward(dout)),
+                         self.n_head, True)                         # (B, nh, T, hs)
         # the fused SDPA backward rebuilds each block of probabilities from lse (section 8)
-        dq, dk, dv = scaled_dot_product_attention_backward(dy, q, k, v, y, lse, None, p, True,
-                                                           seed=seed)
+        dq, dk, dv = scaled_dot_product_attention_backward(dy, q, k, v, y, lse, dropout_p=p,
+                                                           is_causal=True, seed=seed)
         # q, k, v were three column blocks of one c_attn output: their gradients, merged
         # back to (B, T, C), sit side by side in the gradient of that output
-        dqkv = np.concatenate([_merge_heads(g) for g in (dq, dk, dv)], axis=-1)  # (B, T, 3C)
-        return self.c_attn.backward(dqkv)                           # (B, T, C)
-
-    def decode(self, x, cache, start):
-        """Inference on positions start .. start + L - 1, x (B, L, C), the ``start`` before them
-        held in ``cache`` = (k, v), each (B, nh, block_size, hs): writes this call's keys and
-        values into it at those positions. Query i sees the cached keys and the new keys up to
-        its own position (bottom-right causal alignment: key j visible iff j <= start + i).
-        A prefill (start 0) runs on the fused engine; later calls on its decode path, which
-        splits the cache's keys across the threads (scaled_dot_product_attention_with_kv_cache).
-        No dropout; nothing is saved for backward. Shapes: x (B, L, C) -> out (B, L, C)"""
-        q, k, v = self._heads(linear_forward(x, self.c_attn.weight.data, _bias(self.c_attn)))
-        if start == 0:                               # the new keys are all the keys
-            cache[0][:, :, :k.shape[2]] = k
-            cache[1][:, :, :v.shape[2]] = v
-            y, _ = scaled_dot_product_attention_forward(q, k, v, is_causal=True)
-        else:
-            y, _ = scaled_dot_product_attention_with_kv_cache(q, cache[0], cache[1], start, k, v,
-                                                              is_causal=True)
-        return linear_forward(_merge_heads(y), self.c_proj.weight.data, _bias(self.c_proj))
+        dqkv = np.concatenate([merge_heads(g, True) for g in (dq, dk, dv)], axis=-1)
+        return self.c_attn.backward(dqkv)                           # (B, T, C) from (B, T, 3C)
 
 
 class MLP(Module):
@@ -187,11 +164,6 @@ class MLP(Module):
         dg = self.c_proj.backward(self.dropout.backward(dout))      # d gelu(h): (B, T, 4C)
         return self.c_fc.backward(gelu_backward(dg, h))             # dh = dg ∘ gelu'(h)
 
-    def decode(self, x):
-        """Inference (no dropout, nothing saved). Shapes: x (B, L, C) -> (B, L, C)"""
-        h = linear_forward(x, self.c_fc.weight.data, _bias(self.c_fc))
-        return linear_forward(gelu_forward(h), self.c_proj.weight.data, _bias(self.c_proj))
-
 
 class Block(Module):
     """nanoGPT's Block, pre-LayerNorm: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
@@ -206,8 +178,10 @@ class Block(Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, dtype=dtype)
         self.mlp = MLP(config, dtype=dtype, rng=rng, seeds=seeds)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))                             # x1
+    def forward(self, x, cache=None, start=0):
+        """x (B, T, C) -> (B, T, C); ``cache``, ``start``: attention's KV cache (inference,
+        see CausalSelfAttention.forward)."""
+        x = x + self.attn(self.ln_1(x), cache, start)               # x1
         return x + self.mlp(self.ln_2(x))                           # x2
 
     def backward(self, dout):
@@ -217,11 +191,6 @@ class Block(Module):
         dx1 = dout + self.ln_2.backward(self.mlp.backward(dout))
         # x1 = x + attn(ln_1(x)): the same rule one branch down
         return dx1 + self.ln_1.backward(self.attn.backward(dx1))
-
-    def decode(self, x, cache, start):
-        """Inference with attention's KV cache (see CausalSelfAttention.decode)."""
-        x = x + self.attn.decode(_layer_norm(self.ln_1, x), cache, start)
-        return x + self.mlp.decode(_layer_norm(self.ln_2, x))
 
 
 class Transformer(Module):
@@ -331,12 +300,7 @@ class GPT(Module):
             targets = _checks.token_targets("targets", targets, idx.shape, cfg.vocab_size,
                                             IGNORE_INDEX)
         b, t = idx.shape
-        tok = tr.wte(idx)                                           # (B, T, C)
-        pos = tr.wpe(np.arange(t))                                  # (T, C), shared by the batch
-        x = tr.drop(tok + pos)                                      # (B, T, C)
-        for block in tr.h:
-            x = block(x)
-        logits = self.lm_head(tr.ln_f(x))                           # (B, T, V) = ln_f(x)·wteᵀ
+        logits = self.lm_head(tr.ln_f(self._blocks(idx)))           # (B, T, V) = ln_f(x)·wteᵀ
         loss = None
         if targets is not None:
             loss = cross_entropy_forward(logits.reshape(b * t, cfg.vocab_size),
@@ -373,17 +337,26 @@ class GPT(Module):
         tr.wpe.backward(demb.sum(axis=0))
         return None
 
+    def _blocks(self, idx, start=0, caches=None):
+        """x (B, T, C) after the blocks, for token ids idx (B, T) at positions start .. start +
+        T - 1: forward's trunk, and generation's with every layer's KV cache."""
+        tr = self.transformer
+        tok = tr.wte(idx)                                           # (B, T, C)
+        pos = tr.wpe(np.arange(start, start + idx.shape[1]))        # (T, C), shared by the batch
+        x = tr.drop(tok + pos)                                      # (B, T, C)
+        for block, cache in zip(tr.h, caches or [None] * len(tr.h)):
+            x = block(x, cache, start)
+        return x
+
     # -------------------------------------------------------------- generation
     def _decode(self, tokens, start, caches):
-        """The logits (B, V) of the last of ``tokens`` (B, L) at positions start .. start+L-1,
-        running only these L rows through the blocks (their keys and values go to caches)."""
+        """The logits (B, V) of the last of ``tokens`` (B, L) at positions start .. start+L-1:
+        forward's trunk on only these L rows, saving nothing for backward (their keys and
+        values go to the caches), then ln_f and lm_head on the last row alone."""
         tr = self.transformer
-        x = (embedding_forward(tokens, tr.wte.weight.data)
-             + embedding_forward(np.arange(start, start + tokens.shape[1]), tr.wpe.weight.data))
-        for block, cache in zip(tr.h, caches):
-            x = block.decode(x, cache, start)                       # (B, L, C)
-        last = _layer_norm(tr.ln_f, x[:, -1])                       # (B, C): only the next token
-        return linear_forward(last, tr.wte.weight.data)             # (B, V)
+        with no_saving():
+            x = self._blocks(tokens, start, caches)                 # (B, L, C)
+            return self.lm_head(tr.ln_f(x[:, -1]))                  # (B, V): the next token
 
     @staticmethod
     def _sample(logits, temperature, top_k, rng):

@@ -61,16 +61,16 @@ class SelfAttention(Module):
         v = self.W_V(x)                                            # (..., L, d_v)
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._generator) if p > 0 else None
-        output, weights, lse = attention(q, k, v, mask, p, is_causal=is_causal, seed=seed,
-                                         return_logsumexp=True)
+        output, weights, lse = attention(q, k, v, mask, dropout_p=p, is_causal=is_causal,
+                                         seed=seed, return_logsumexp=True)
         self._saved = (q, k, v, mask, p, is_causal, seed, output, lse)
         return output, weights                                     # (..., L, d_v), (..., L, L)
 
     def backward(self, dout):
         """dx = dQ·W_Q + dK·W_K + dV·W_V; adds the three projections' parameter gradients."""
         q, k, v, mask, p, is_causal, seed, output, lse = self._saved_for_backward()
-        dq, dk, dv = attention_backward(dout, q, k, v, mask, p, is_causal=is_causal, seed=seed,
-                                        output=output, logsumexp=lse)
+        dq, dk, dv = attention_backward(dout, q, k, v, mask, dropout_p=p, is_causal=is_causal,
+                                        seed=seed, output=output, logsumexp=lse)
         return self.W_Q.backward(dq) + self.W_K.backward(dk) + self.W_V.backward(dv)
 
     def extra_repr(self):
@@ -80,8 +80,9 @@ class SelfAttention(Module):
 
 # ------------------------------------------------------------------ multi-head attention
 
-def _split_heads(x, heads, batch_first):
-    """(N, L, H·D) when batch_first, else (L, N, H·D) -> (N, H, L, D), C-contiguous."""
+def split_heads(x, heads, batch_first):
+    """(N, L, H·D) when batch_first, else (L, N, H·D) -> (N, H, L, D), C-contiguous: head h is
+    columns h·D .. (h+1)·D - 1 (MultiheadAttention's, and the GPT's heads)."""
     if batch_first:
         n, length, width = x.shape
         return np.ascontiguousarray(
@@ -91,7 +92,7 @@ def _split_heads(x, heads, batch_first):
         x.reshape(length, n, heads, width // heads).transpose(1, 2, 0, 3))      # (N, H, L, D)
 
 
-def _merge_heads(x, batch_first):
+def merge_heads(x, batch_first):
     """(N, H, L, D) -> (N, L, H·D) when batch_first, else (L, N, H·D): heads side by side."""
     n, heads, length, width = x.shape
     if batch_first:
@@ -312,9 +313,9 @@ class MultiheadAttention(Module):
         heads, width = self.num_heads, self.head_dim
 
         (w_q, w_k, w_v), (b_q, b_k, b_v) = self._projections()
-        q = _split_heads(linear_forward(query, w_q, b_q), heads, batch_first)   # (N, H, L, D)
-        k = _split_heads(linear_forward(key, w_k, b_k), heads, batch_first)     # (N, H, S, D)
-        v = _split_heads(linear_forward(value, w_v, b_v), heads, batch_first)   # (N, H, S, D)
+        q = split_heads(linear_forward(query, w_q, b_q), heads, batch_first)   # (N, H, L, D)
+        k = split_heads(linear_forward(key, w_k, b_k), heads, batch_first)     # (N, H, S, D)
+        v = split_heads(linear_forward(value, w_v, b_v), heads, batch_first)   # (N, H, S, D)
         extra = 0
         if self.bias_k is not None:
             k = np.concatenate([k, np.broadcast_to(self.bias_k.data.reshape(1, heads, 1, width),
@@ -331,17 +332,16 @@ class MultiheadAttention(Module):
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._generator) if p > 0 else None
         if need_weights:                                    # weights (N, H, L, S')
-            heads_out, weights, lse = attention(q, k, v, mask, p, is_causal=causal, seed=seed,
-                                                return_logsumexp=True)
+            heads_out, weights, lse = attention(q, k, v, mask, dropout_p=p, is_causal=causal,
+                                                seed=seed, return_logsumexp=True)
         else:
-            heads_out, lse = scaled_dot_product_attention_forward(q, k, v, mask, p, causal,
-                                                                  seed=seed)
+            heads_out, lse = scaled_dot_product_attention_forward(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal, seed=seed)
             weights = None                                  # heads_out (N, H, L, D), lse (N, H, L)
-        output = self.out_proj(_merge_heads(heads_out, batch_first))    # query's layout
-        self._saved = dict(query=query, key=key, value=value, q=q, k=k, v=v, mask=mask,
-                           causal=causal, p=p, seed=seed, out=heads_out, lse=lse,
-                           batch_first=batch_first, batched=batched, n_keys=n_keys,
-                           shape=output.shape if batched else (length, self.embed_dim))
+        output = self.out_proj(merge_heads(heads_out, batch_first))    # query's layout
+        self._saved = (query, key, value, q, k, v, mask, causal, p, seed, heads_out, lse,
+                       batch_first, batched, n_keys,
+                       output.shape if batched else (length, self.embed_dim))
         if not batched:
             output = output.reshape(length, self.embed_dim)                 # (L, E)
         if weights is not None:
@@ -353,27 +353,27 @@ class MultiheadAttention(Module):
 
     def backward(self, dout):
         """``(dquery, dkey, dvalue)`` from dout, the gradient of attn_output (its shape)."""
-        s = self._saved_for_backward()
+        (query, key, value, q, k, v, mask, causal, p, seed, heads_out, lse, batch_first,
+         batched, n_keys, shape) = self._saved_for_backward()
         dtype = self.out_proj.weight.dtype
         dout = _checks.float_input("dout", dout, dtype, "MultiheadAttention")
-        if dout.shape != s["shape"]:
-            raise ValueError(f"dout must have shape {s['shape']} to match attn_output; got "
+        if dout.shape != shape:
+            raise ValueError(f"dout must have shape {shape} to match attn_output; got "
                              f"{dout.shape}")
-        if not s["batched"]:
+        if not batched:
             dout = dout.reshape(dout.shape[0], 1, dout.shape[1])             # (L, 1, E)
-        dheads = _split_heads(self.out_proj.backward(dout), self.num_heads, s["batch_first"])
+        dheads = split_heads(self.out_proj.backward(dout), self.num_heads, batch_first)
         dq, dk, dv = scaled_dot_product_attention_backward(
-            dheads, s["q"], s["k"], s["v"], s["out"], s["lse"], s["mask"], s["p"], s["causal"],
-            seed=s["seed"])                                 # (N, H, L, D), (N, H, S', D) x2
-        n_keys, e = s["n_keys"], self.embed_dim
+            dheads, q, k, v, heads_out, lse, attn_mask=mask, dropout_p=p, is_causal=causal,
+            seed=seed)                                      # (N, H, L, D), (N, H, S', D) x2
+        e = self.embed_dim
         if self.bias_k is not None:                         # key/value column S: the biases
             self.bias_k.accumulate(dk[:, :, n_keys].sum(axis=0).reshape(1, 1, e))
             self.bias_v.accumulate(dv[:, :, n_keys].sum(axis=0).reshape(1, 1, e))
         dk, dv = dk[:, :, :n_keys], dv[:, :, :n_keys]       # the zero key/value: no parameter
         weights, biases = self._projections()
-        grads = [linear_backward(_merge_heads(d, s["batch_first"]), s[name], w, b)
-                 for d, name, w, b in zip((dq, dk, dv), ("query", "key", "value"), weights,
-                                          biases)]
+        grads = [linear_backward(merge_heads(d, batch_first), x, w, b)
+                 for d, x, w, b in zip((dq, dk, dv), (query, key, value), weights, biases)]
         if self.in_proj_weight is not None:
             self.in_proj_weight.accumulate(np.concatenate([g[1] for g in grads]))  # (3E, E)
         else:
@@ -382,7 +382,7 @@ class MultiheadAttention(Module):
                 param.accumulate(g[1])
         if self.in_proj_bias is not None:
             self.in_proj_bias.accumulate(np.concatenate([g[2] for g in grads]))    # (3E,)
-        if s["batched"]:
+        if batched:
             return tuple(g[0] for g in grads)
         return tuple(g[0].reshape(g[0].shape[0], g[0].shape[2]) for g in grads)   # (L, E) ...
 

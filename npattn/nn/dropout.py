@@ -28,10 +28,12 @@ class Dropout(Module):
 
     def forward(self, x):
         x = _checks.float_array("x", x)
-        training = self.training and self.p > 0
-        seed = draw_seed(self._generator) if training else 0
-        self._saved = (seed, training, x.shape)
-        return dropout_forward(x, self.p, seed, training)          # (...)
+        if not (self.training and self.p > 0):          # x itself (a model's decode step
+            self._saved = (0, False, x.shape)           # passes here: no further checks)
+            return x
+        seed = draw_seed(self._generator)
+        self._saved = (seed, True, x.shape)
+        return dropout_forward(x, self.p, seed, True)              # (...)
 
     def backward(self, dout):
         """dx = dout ∘ keep / (1 - p), with forward's mask; dout in eval mode."""

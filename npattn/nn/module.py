@@ -5,19 +5,43 @@ There is no autograd tape. A module's ``forward`` computes its output and rememb
 chain rule by hand with the functional ``*_backward`` pairs, **adds** each parameter's gradient
 into ``parameter.grad`` (so gradients of several uses or several batches accumulate, as
 ``loss.backward()`` does in PyTorch) and returns the gradient of the input(s). ``backward``
-pairs with the most recent ``forward``.
+pairs with the most recent ``forward``. What a forward saves is its ``_saved`` attribute (one
+array or a tuple); inside ``with no_saving():`` forwards save nothing (inference, as
+``torch.no_grad``), so a model can run the same forward to generate.
 
 Names follow PyTorch: a parameter's name is the attribute path that reaches it
 (``out_proj.weight``), so ``state_dict()`` keys are PyTorch's keys and a PyTorch
 ``state_dict`` converted to NumPy arrays loads with ``load_state_dict``.
 """
+import contextlib
 import numbers
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
 
 from .._checks import FLOAT_DTYPES, converted, float_dtype
+
+
+class _Inference(threading.local):
+    active = False                      # no_saving() is on in this thread
+
+
+_inference = _Inference()
+
+
+@contextlib.contextmanager
+def no_saving():
+    """Forwards run inside this context save nothing for backward: a module's ``self._saved =
+    ...`` is dropped, and what its last forward outside saved stays (a backward after them
+    pairs with that forward). Per thread; nests."""
+    before = _inference.active
+    _inference.active = True
+    try:
+        yield
+    finally:
+        _inference.active = before
 
 
 class Parameter:
@@ -75,6 +99,10 @@ class Module:
 
     # ------------------------------------------------------------ registration
     def __setattr__(self, name, value):
+        if name == "_saved":                            # what forward keeps for backward:
+            if not _inference.active:                   # never a parameter, buffer or
+                object.__setattr__(self, name, value)       # module (none under no_saving)
+            return
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}.__init__ must call Module.__init__() "
                                  f"before setting {name!r}")
