@@ -57,20 +57,17 @@ GLUE = "Python and NumPy glue"
 TARGETS = (
     ("npattn.nn.linear", "linear_forward", "linear (GEMM)"),
     ("npattn.nn.linear", "linear_backward", "linear (GEMM)"),
-    ("npattn.models.gpt", "linear_forward", "linear (GEMM)"),                  # decode
     ("npattn.models.gpt", "scaled_dot_product_attention_forward", "attention fwd"),
     ("npattn.models.gpt", "scaled_dot_product_attention_backward", "attention bwd"),
     ("npattn.models.gpt", "scaled_dot_product_attention_with_kv_cache", "attention decode"),
     ("npattn.nn.normalization", "layer_norm_forward", "layer_norm"),
     ("npattn.nn.normalization", "layer_norm_backward", "layer_norm"),
-    ("npattn.models.gpt", "layer_norm_forward", "layer_norm"),                 # decode
     ("npattn.models.gpt", "gelu_forward", "gelu"),
     ("npattn.models.gpt", "gelu_backward", "gelu"),
     ("npattn.models.gpt", "cross_entropy_forward", "cross_entropy"),
     ("npattn.models.gpt", "cross_entropy_backward", "cross_entropy"),
     ("npattn.nn.embedding", "embedding_forward", "embedding"),
     ("npattn.nn.embedding", "embedding_backward", "embedding"),
-    ("npattn.models.gpt", "embedding_forward", "embedding"),                   # decode
     ("npattn.nn.dropout", "dropout_forward", "dropout"),
     ("npattn.nn.dropout", "dropout_backward", "dropout"),
 )

@@ -30,7 +30,8 @@ def expected_calls(n_layer):
         "gelu": 2 * n_layer,
         "cross_entropy": 2,
         "embedding": 4,                           # wte and wpe, forward and backward
-        "dropout": 2 * (1 + 2 * n_layer),         # drop; resid and mlp dropout per block
+        "dropout": 1 + 2 * n_layer,               # drop; resid and mlp dropout per block:
+                                                  # backward only (p = 0: forward returns x)
         "AdamW": 1,
     }
     generate = {"linear (GEMM)": decodes * (4 * n_layer + 1),

@@ -13,7 +13,8 @@ and arrow::
     pack_item      -> op_b_blocks, pack_b_panel
     rows_item      -> op_b_blocks, start_rows, pack_a_block, block_product
     batched_gemm_kernel => batch_item
-    batch_item     -> op_b_blocks, start_rows, pack_b_panel, pack_a_block, block_product
+    batch_item     -> op_b_blocks, start_rows, pack_b_block, pack_a_block, block_product
+    pack_b_block   -> pack_b_panel    # (a row-major B row by row; Bᵀ and edges by panel)
     block_product  -> micro_add, micro_kernel     # the MR×NR tile (vector_tile.py)
     small_dot_kernel -> add_four
 
