@@ -241,6 +241,22 @@ def normal_backward_block(dout, x, dx, start, stop):
 
 
 @fma_kernel
+def tanh_finish(x, u, eb, unbias):
+    # (c, f, m) of tanh_parts from float64 x, u and eb = e·2^BIAS (e = exp(−2|u|)), the
+    # exp's scale 2^−BIAS given as unbias: m is unbias for u < 0, where Φ = e/(1 + e) may be
+    # subnormal, else 1
+    e = eb * unbias
+    inv = 1.0 / (1.0 + e)
+    du = SQRT_2_PI * (1.0 + 3.0 * COEFF * x * x)
+    negative = u < 0.0
+    w = eb if negative else e                   # e, scaled as Φ is
+    # Φ = e/(1 + e) for u < 0, 1/(1 + e) else; Φ' = 2e/(1 + e)²·u', 0 where e is: |u| ≫ 1
+    # (u' may be inf there)
+    f = 0.0 if w == 0.0 else 2.0 * w * inv * inv * du
+    return (w * inv if negative else inv), f, (unbias if negative else 1.0)
+
+
+@fma_kernel
 def tanh_parts(x):
     # (c, f, m) with Φ(x) = c·m and Φ'(x) = f·m of the tanh form for one float64 x: m is
     # 2^−BIAS for u < 0, where Φ = e/(1 + e) may be subnormal, else 1
@@ -249,15 +265,7 @@ def tanh_parts(x):
     under = h < LOWEST                          # e = exp(h) is 0 (x³ may have overflowed)
     p, s = exp_scaled(0.0 if under else h, 0.0)
     eb = 0.0 if under else p * s                # e = exp(−2|u|) = eb·2^−BIAS ≤ 1
-    e = eb * UNBIAS
-    inv = 1.0 / (1.0 + e)
-    du = SQRT_2_PI * (1.0 + 3.0 * COEFF * x * x)
-    negative = u < 0.0
-    w = eb if negative else e                   # e, scaled as Φ is
-    # Φ = e/(1 + e) for u < 0, 1/(1 + e) else; Φ' = 2e/(1 + e)²·u', 0 where e is: |u| ≫ 1
-    # (u' may be inf there)
-    f = 0.0 if w == 0.0 else 2.0 * w * inv * inv * du
-    return (w * inv if negative else inv), f, (UNBIAS if negative else 1.0)
+    return tanh_finish(x, u, eb, UNBIAS)
 
 
 @fma_kernel
@@ -412,13 +420,7 @@ def tanh_parts_f32(v):
     under = h < LOWEST_F32                          # e is 0 in float32 (also |v| = inf)
     p, s = exp_scaled_f32(0.0 if under else h)
     eb = 0.0 if under else np.float64(p * s)       # e·2^BIAS_F32
-    e = eb * UNBIAS_F32_64
-    inv = 1.0 / (1.0 + e)
-    du = SQRT_2_PI * (1.0 + 3.0 * COEFF * x * x)
-    negative = u < 0.0
-    w = eb if negative else e                       # e, scaled as Φ is
-    f = 0.0 if w == 0.0 else 2.0 * w * inv * inv * du
-    return (w * inv if negative else inv), f, (UNBIAS_F32_64 if negative else 1.0)
+    return tanh_finish(x, u, eb, UNBIAS_F32_64)
 
 
 @fma_kernel

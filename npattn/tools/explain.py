@@ -599,11 +599,9 @@ def main(argv=None, prog="npattn explain"):
         build_parser(prog).error(f"--seed must be non-negative; got {args.seed}")
     if args.plot is not None:
         from . import plot
-        try:
-            plot.require("--plot")                    # before any work: one line, status 2
-        except plot.PlotUnavailable as error:
-            print(f"{prog}: {error}", file=sys.stderr)
-            return 2
+        status = plot.exit_status("--plot", prog)      # before any work: one line, status 2
+        if status is not None:
+            return status
     _utf8_safe(sys.stdout)
     result = run(args.seed, np.dtype(args.dtype), strict=False)
     if args.plot is not None:

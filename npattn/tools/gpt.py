@@ -802,9 +802,9 @@ def attention_weights(model, idx, layer):
     caught = {}
     forward = attn.forward
 
-    def catch(x):
+    def catch(x, *cache):                   # (Block passes its cache arguments through)
         caught["x"] = x                                                   # (1, T, C)
-        return forward(x)
+        return forward(x, *cache)
     was_training = model.training
     object.__setattr__(attn, "forward", catch)
     try:
@@ -1005,11 +1005,9 @@ def _main(argv, prog):
         else:
             if args.attention_map is not None:
                 from . import plot
-                try:
-                    plot.require("--attention-map")     # before any work: one line, status 2
-                except plot.PlotUnavailable as error:
-                    print(f"{sub}: {error}", file=sys.stderr)
-                    return 2
+                status = plot.exit_status("--attention-map", sub)   # before any work
+                if status is not None:
+                    return status
             text = sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature,
                           args.top_k, args.seed, args.attention_map, args.attention_layer)
             sys.stdout.write(text + "\n")

@@ -9,6 +9,7 @@ pyplot, no global backend state) and written as PNG.
 """
 import math
 import pathlib
+import sys
 
 import numpy as np
 
@@ -27,6 +28,17 @@ def require(option):
         raise PlotUnavailable(f"{option} draws with matplotlib, which is not installed: "
                               f"{EXTRA} (the plot extra)") from None
     return Figure
+
+
+def exit_status(option, prog):
+    """For a command's option that draws: None when matplotlib imports, else 2 after one line
+    on stderr naming the extra -- checked before any work, so nothing is computed or written."""
+    try:
+        require(option)
+    except PlotUnavailable as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+    return None
 
 
 def _label(char):
