@@ -92,6 +92,8 @@ def axis(name, dim, ndim):
 def real_float(name, value, what="a real number"):
     """A real number (not a bool) as a Python float; an int too large for a float (10**400)
     is a ValueError, not float()'s OverflowError."""
+    if type(value) is float:                                # the common case, at once
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {what}; got {type(value).__name__}")
     try:
@@ -158,6 +160,8 @@ def window_value(name, window):
 
 
 def flag(name, value):
+    if value is True or value is False:
+        return value
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
     return bool(value)
@@ -222,8 +226,20 @@ def finite_real(name, value):
 
 # ---------------------------------------------------------------- per op
 
+def _kernel_ready(a, dtype, shape):
+    """``a`` is None, or an array of ``dtype`` and ``shape`` that the checks would pass on as it
+    is (C-contiguous, aligned, writeable): the fast paths of the per-op checks below."""
+    return a is None or (type(a) is np.ndarray and a.dtype is dtype and a.shape == shape
+                         and a.flags.carray)
+
+
 def linear_args(x, weight, bias):
     """x (..., Fin), weight (Fout, Fin), bias (Fout,) or None -> C-contiguous, one dtype."""
+    if (type(x) is np.ndarray and type(weight) is np.ndarray and weight.dtype is x.dtype
+            and x.dtype in FLOAT_DTYPES and weight.ndim == 2 and x.ndim
+            and x.shape[-1] == weight.shape[1] and x.flags.carray and weight.flags.carray
+            and _kernel_ready(bias, x.dtype, weight.shape[:1])):
+        return x, weight, bias      # the common case at once: the checks below pass it as it is
     x = float_array("x", x)
     weight = float_array("weight", weight)
     same_dtype("weight", weight, "x", x)
@@ -564,8 +580,9 @@ def kv_cache_args(query, key_cache, value_cache, cache_length, key, value, optio
         if cache.ndim != query.ndim or cache.shape[:-3] != lead:
             raise ValueError(f"{name} must have shape {lead + ('Hkv', 'Smax', '·')} to match "
                              f"query {query.shape}; got {cache.shape}")
-        if not (cache.flags.c_contiguous and cache.flags.writeable):
-            what = "not C-contiguous" if not cache.flags.c_contiguous else "read-only"
+        flags = cache.flags
+        if not (flags.c_contiguous and flags.writeable):
+            what = "not C-contiguous" if not flags.c_contiguous else "read-only"
             raise ValueError(f"{name} must be a C-contiguous, writeable array (it is written "
                              f"in place and read without a copy); got one that is {what}")
         caches.append(cache)
@@ -618,6 +635,8 @@ INT64_RANGE = (-2**63, 2**63 - 1)
 
 def int_value(name, value, what="an int"):
     """A Python or NumPy integer (not a bool) as an int."""
+    if type(value) is int:                                  # the common case, at once
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be {what}; got {type(value).__name__}")
     return int(value)
@@ -625,6 +644,8 @@ def int_value(name, value, what="an int"):
 
 def index_array(name, value, what="an integer array"):
     """``value`` as an integer ndarray: bool and float arrays are a ``TypeError``."""
+    if type(value) is np.ndarray and value.dtype.kind in "iu":    # the common case, at once
+        return value
     if value is None:
         raise TypeError(f"{name} must be {what}; got None")
     arr = converted(name, value, what)
@@ -639,6 +660,8 @@ def indices_in_range(name, arr, stop, what, allowed=None):
     A ``ValueError`` names the first offending value in C order and its position, e.g.
     ``indices must be in [0, 10) (weight has 10 rows); got 12 at position (1, 2)``.
     """
+    if arr.size <= 16 and all(0 <= v < stop for v in arr.ravel().tolist()):
+        return        # a decoded token's index: in Python, a fifth of the array expressions
     bad = (arr < 0) | (arr >= stop)
     if allowed is not None:
         bad &= arr != allowed
@@ -739,6 +762,9 @@ def cross_entropy_backward_args(dout, input, target, ignore_index, reduction, la
 
 def normalized_shape_value(name, normalized_shape):
     """PyTorch's ``normalized_shape``: an int or a non-empty sequence of non-negative ints."""
+    if type(normalized_shape) is tuple and normalized_shape and all(
+            type(n) is int and n >= 0 for n in normalized_shape):
+        return normalized_shape                             # the common case, at once
     if isinstance(normalized_shape, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int or a tuple of ints; got bool")
     if isinstance(normalized_shape, numbers.Integral):
@@ -763,8 +789,13 @@ def normalized_shape_value(name, normalized_shape):
 def layer_norm_args(x, normalized_shape, weight, bias, eps):
     """x (..., *normalized_shape) float; weight and bias of shape normalized_shape or None;
     eps a finite real >= 0. Returns x, weight, bias C-contiguous, the shape and eps."""
-    x = float_array("x", x)
     shape = normalized_shape_value("normalized_shape", normalized_shape)
+    if (type(x) is np.ndarray and x.dtype in FLOAT_DTYPES and x.flags.carray
+            and x.ndim >= len(shape) and x.shape[x.ndim - len(shape):] == shape
+            and _kernel_ready(weight, x.dtype, shape) and _kernel_ready(bias, x.dtype, shape)
+            and type(eps) is float and 0.0 <= eps < math.inf):
+        return x, shape, weight, bias, eps      # the common case at once: as the checks below
+    x = float_array("x", x)
     if x.ndim < len(shape) or x.shape[x.ndim - len(shape):] != shape:
         dims = ", ".join(str(n) for n in shape)
         raise ValueError(f"x must have shape (..., {dims}) to match normalized_shape "

@@ -307,8 +307,14 @@ class ThreadSafeKernel:
         ``prange`` loops plain loops on the calling thread. For work too small to pay for a
         launch of the thread pool (2-3 µs: more than a decoded token's layer norm takes).
         Callers choose it by the shapes; tests/test_jit.py checks that twin and kernel give
-        the same bits for the twins in use, so the choice never shows in a result."""
-        return self._serial_twin()(*args)
+        the same bits for the twins in use, so the choice never shows in a result.
+
+        After the first call the twin is this instance's ``serial`` attribute itself, so later
+        calls go straight to its dispatcher (a decoded token makes dozens of such calls).
+        :class:`ItemKernel` overrides this method and keeps it."""
+        twin = self._serial_twin()
+        self.serial = twin                      # shadows this method from now on
+        return twin(*args)
 
     def _serial_twin(self):
         if self._serial is None:

@@ -146,6 +146,24 @@ def test_small_and_packed_paths_agree_on_the_linear_form(dtype):
     assert_close(packed, small.astype(np.float64), dtype=dtype, n=2 * 129, scale=scale)
 
 
+@given(dtype=dtypes, rows=st.integers(1, 5), cols=st.integers(1, 70), inner=st.integers(1, 300),
+       split=st.sampled_from([4, 8, 64, None]), serial=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_small_products_give_the_same_bits_however_the_columns_are_split(
+        dtype, rows, cols, inner, split, serial, seed):
+    """small_dot_kernel's work items own blocks of columns (a multiple of 4, or all of them:
+    ``None`` here), and its callers choose the block by the shapes and whether it runs on the
+    calling thread; every element is the same sum whichever item computes it."""
+    rng = np.random.default_rng(seed)
+    small = engine(dtype).small_dot_kernel
+    a, b = make_values(rng, (1, rows, inner), dtype), make_values(rng, (1, cols, inner), dtype)
+    bias, one = make_values(rng, (cols,), dtype), np.zeros(1, np.int64)
+    whole, split_c = np.empty((1, rows, cols), dtype), np.empty((1, rows, cols), dtype)
+    small.serial(a, b, whole, bias, one, one, False, cols)
+    (small.serial if serial else small)(a, b, split_c, bias, one, one, False, split or cols)
+    np.testing.assert_array_equal(split_c, whole)
+
+
 def test_nan_and_inf_propagate_through_the_packed_path():
     a = np.ones((20, 300), np.float32)
     b = np.ones((300, 40), np.float32)

@@ -284,6 +284,10 @@ def _twin_cases(dtype, rng):
         for interleaved, inverse in [(False, False), (True, True)]:
             yield rotary_kernel, lambda r=rows, n=length, w=width, i=interleaved, v=inverse: (
                 f(r, w), f(n, w // 2), f(n, w // 2), i, v, np.empty((r, w), dtype)), (5,)
+    from npattn.kernels.embedding import ROWS, embedding_forward_kernel
+    for n_idx in [1, ROWS, 3 * ROWS + 1]:
+        yield embedding_forward_kernel, lambda n=n_idx: (
+            rng.integers(-2, 70, n), f(65, 24), np.empty((n, 24), dtype)), (2,)
     t = dtype.type
     for size in [100, 16384, 40000]:
         yield adam_kernel, lambda s=size: (f(s), f(s), f(s), np.abs(f(s)), np.abs(f(s)),

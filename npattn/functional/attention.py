@@ -653,22 +653,28 @@ def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, ca
      scale) = _checks.kv_cache_args(query, key_cache, value_cache, cache_length, key, value,
                                     AttentionOptions(is_causal=is_causal, scale=scale,
                                                      enable_gqa=enable_gqa))
-    *lead, heads, n_rows, _ = query.shape
+    # (a decoded token runs this once per layer: the 4-D case, the engine's own layout, takes
+    # no reshapes)
+    if query.ndim == 4:                                   # (B, H, L, E)
+        q4, k4, v4 = query, key_cache, value_cache
+    else:                                                 # (..., H, L, E): the batch dims as one
+        n_batch = math.prod(query.shape[:-3])
+        q4 = query.reshape((n_batch,) + query.shape[-3:])               # (B, H, L, E)
+        k4 = key_cache.reshape((n_batch,) + key_cache.shape[-3:])       # (B, Hkv, Smax, E)
+        v4 = value_cache.reshape((n_batch,) + value_cache.shape[-3:])   # (B, Hkv, Smax, Ev)
+    n_batch, heads, n_rows, width = q4.shape
     if key is not None:                                   # the new entries, in place
         key_cache[..., n_keys - n_rows:n_keys, :] = key
         value_cache[..., n_keys - n_rows:n_keys, :] = value
-    n_batch = math.prod(lead)
-    q4 = query.reshape(n_batch, heads, n_rows, query.shape[-1])        # (B, H, L, E)
-    k4 = key_cache.reshape((n_batch,) + key_cache.shape[-3:])          # (B, Hkv, Smax, E)
-    v4 = value_cache.reshape((n_batch,) + value_cache.shape[-3:])      # (B, Hkv, Smax, Ev)
     n_vcols = v4.shape[3]
-    out = np.empty((n_batch, heads, n_rows, n_vcols), query.dtype)
-    stats = np.empty((n_batch, heads, n_rows, 3), query.dtype)          # lse, max, sum
+    dtype = query.dtype
+    out = np.empty(query.shape[:-1] + (n_vcols,), dtype)                # (..., H, L, Ev)
+    stats = np.empty((n_batch, heads, n_rows, 3), dtype)                # lse, max, sum
     chunk = decode_chunk(n_batch * heads, n_keys)
     n_chunks = max(1, -(-n_keys // chunk))
-    parts = np.empty((n_batch, heads, n_chunks, n_rows, n_vcols + 2), query.dtype)
-    work = n_batch * heads * n_rows * n_keys * (q4.shape[3] + n_vcols)
+    parts = np.empty((n_batch, heads, n_chunks, n_rows, n_vcols + 2), dtype)
+    work = n_batch * heads * n_rows * n_keys * (width + n_vcols)
     run = decode_attention_kernel.serial if work <= SERIAL_MACS else decode_attention_kernel
-    run(q4, k4, v4, n_keys, causal, scale, chunk, out, stats, parts)
-    return (out.reshape(tuple(lead) + (heads, n_rows, n_vcols)),
-            stats[..., 0].reshape(tuple(lead) + (heads, n_rows)))
+    run(q4, k4, v4, n_keys, causal, scale, chunk, out.reshape(q4.shape[:3] + (n_vcols,)),
+        stats, parts)
+    return out, stats[:, :, :, 0].reshape(query.shape[:-1])          # (..., H, L)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.embedding import embedding_backward_kernel, embedding_forward_kernel
+from ..kernels.embedding import ROWS, embedding_backward_kernel, embedding_forward_kernel
 
 
 def embedding_forward(indices, weight, padding_idx=None):
@@ -23,7 +23,9 @@ def embedding_forward(indices, weight, padding_idx=None):
     indices, weight, _ = _checks.embedding_args(indices, weight, padding_idx)
     flat = indices.reshape(-1)                                # (N,) int64
     out = np.empty((flat.shape[0], weight.shape[1]), dtype=weight.dtype)   # (N, E)
-    embedding_forward_kernel(flat, weight, out)
+    # one work item (ROWS indices or fewer, a decoded token's): on this thread, no launch
+    run = embedding_forward_kernel.serial if flat.shape[0] <= ROWS else embedding_forward_kernel
+    run(flat, weight, out)
     return out.reshape(indices.shape + (weight.shape[1],))   # (..., E)
 
 

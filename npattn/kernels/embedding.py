@@ -21,7 +21,7 @@ from .._jit import kernel, parallel_kernel
 ROWS = 64  # rows of out (forward) or of dweight (backward) per parallel work item
 
 
-@parallel_kernel
+@parallel_kernel(twin=True)
 def embedding_forward_kernel(indices, weight, out):
     # indices (N,) int64, weight (V, E) -> out (N, E): out[n] = weight[indices[n]]
     n_idx = indices.shape[0]
