@@ -195,9 +195,13 @@ def test_layouts_and_readonly_inputs():
     frozen = np.ascontiguousarray(indices, dtype=np.int64)     # read-only int64, C order
     frozen.flags.writeable = False
     embedding_backward(dout, frozen, weight)
-    embedding(frozen, weight)
+    embedding(frozen, weight)                            # (ROWS indices or fewer: serial twin)
+    many = np.tile(frozen.ravel(), 10)                   # past ROWS: the parallel kernel
+    many.flags.writeable = False
+    embedding(many, weight)
     for k in (embedding_forward_kernel, embedding_backward_kernel):   # one signature per dtype:
-        seen = [t for sig in k.signatures for t in sig if hasattr(t, "layout")]  # never read-only
+        seen = [t for sig in k.signatures + k.serial_signatures        # never read-only
+                for t in sig if hasattr(t, "layout")]
         assert seen and all(t.layout == "C" and t.mutable for t in seen), k.signatures
     assert embedding is embedding_forward
 

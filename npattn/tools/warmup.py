@@ -198,9 +198,10 @@ def _embedding(dtype, rng):
         _op("embedding_backward", "embedding")
     weight = rng.standard_normal((6, 4)).astype(dtype)           # (V, E)
     indices = rng.integers(0, 6, (2, 3))                         # (...) int64
-    out = embedding(indices, weight)
+    out = embedding(indices, weight)                             # (small: the serial twin)
     embedding_backward(np.ones_like(out), indices, weight)
     embedding_backward(np.ones_like(out), indices, weight, padding_idx=0)
+    embedding(rng.integers(0, 6, 100), weight)                   # past ROWS: the parallel forward
 
 
 def _cross_entropy(dtype, rng):
