@@ -209,3 +209,21 @@ def test_kernels_compiled_without_slp_never_enter_the_cache(tmp_path):
     assert on.strip() == "True"
     for name in kernels:
         assert [p for p in cache.rglob(f"*.{name}*-*")], f"SLP-on {name} was not cached"
+
+
+@given(dtype=dtypes, rows=st.integers(1, 5), cols=st.integers(1, 70), inner=st.integers(1, 300),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_row_alone_gives_the_bits_it_has_in_a_pair(dtype, rows, cols, inner, seed):
+    """small_dot_kernel computes a row alone (a decoded token's, an odd last row) in 1×8
+    blocks and a pair of rows in 2×4 blocks: the same k loops, so every row of a product has
+    the same bits as that row computed alone, with the serial twin or split among items."""
+    rng = np.random.default_rng(seed)
+    small = engine(dtype).small_dot_kernel
+    a, b = make_values(rng, (1, rows, inner), dtype), make_values(rng, (1, cols, inner), dtype)
+    bias, one = make_values(rng, (cols,), dtype), np.zeros(1, np.int64)
+    whole = np.empty((1, rows, cols), dtype)
+    small.serial(a, b, whole, bias, one, one, False, cols)
+    for i in range(rows):
+        alone = np.empty((1, 1, cols), dtype)
+        small(a[:, i:i + 1], b, alone, bias, one, one, False, 4)
+        np.testing.assert_array_equal(alone[0, 0], whole[0, i])
