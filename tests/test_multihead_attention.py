@@ -709,3 +709,19 @@ def test_backward_checks_its_argument_and_order():
         m.backward(X[..., :3])
     with pytest.raises(TypeError, match="dout must have dtype float32"):
         m.backward(X.astype(np.float64))
+
+
+@given(dtype=dtypes, n=st.integers(1, 3), heads=st.integers(1, 4), length=st.integers(1, 5),
+       width=st.integers(1, 6), k=st.integers(1, 3), batch_first=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_heads_merged_side_by_side_are_the_concatenated_merges(dtype, n, heads, length, width,
+                                                               k, batch_first, seed):
+    """merge_heads_side_by_side (the GPT's dq, dk, dv into one gradient) is the concatenation
+    of each array's merge_heads, element for element, in a C-contiguous array."""
+    from npattn.nn.attention import merge_heads, merge_heads_side_by_side
+    rng = np.random.default_rng(seed)
+    xs = [make_values(rng, (n, heads, length, width), dtype) for _ in range(k)]
+    got = merge_heads_side_by_side(xs, batch_first)
+    np.testing.assert_array_equal(got, np.concatenate([merge_heads(x, batch_first) for x in xs],
+                                                      axis=-1))
+    assert got.dtype == dtype and got.flags.c_contiguous

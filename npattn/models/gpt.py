@@ -30,7 +30,7 @@ from ..functional.attention import (scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_with_kv_cache)
 from ..functional.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from ..nn import init
-from ..nn.attention import merge_heads, split_heads
+from ..nn.attention import merge_heads, merge_heads_side_by_side, split_heads
 from ..nn.dropout import Dropout, draw_seed
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
@@ -136,7 +136,7 @@ class CausalSelfAttention(Module):
                                                            is_causal=True, seed=seed)
         # q, k, v were three column blocks of one c_attn output: their gradients, merged
         # back to (B, T, C), sit side by side in the gradient of that output
-        dqkv = np.concatenate([merge_heads(g, True) for g in (dq, dk, dv)], axis=-1)
+        dqkv = merge_heads_side_by_side((dq, dk, dv), True)         # (B, T, 3C)
         return self.c_attn.backward(dqkv)                           # (B, T, C) from (B, T, 3C)
 
 

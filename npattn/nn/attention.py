@@ -100,6 +100,19 @@ def merge_heads(x, batch_first):
     return x.transpose(2, 0, 1, 3).reshape(length, n, heads * width)            # (L, N, E)
 
 
+def merge_heads_side_by_side(xs, batch_first):
+    """merge_heads of each of ``xs`` (k arrays (N, H, L, D)), side by side: (N, L, k·H·D) when
+    batch_first, else (L, N, k·H·D) -- ``np.concatenate([merge_heads(x, ...) for x in xs],
+    axis=-1)`` with each element copied once instead of twice (the GPT's dq, dk, dv into the
+    gradient of its fused q, k, v projection)."""
+    n, heads, length, width = xs[0].shape
+    lead = (n, length) if batch_first else (length, n)
+    out = np.empty(lead + (len(xs), heads, width), xs[0].dtype)      # (..., k, H, D)
+    for i, x in enumerate(xs):
+        out[:, :, i] = x.transpose(0, 2, 1, 3) if batch_first else x.transpose(2, 0, 1, 3)
+    return out.reshape(lead + (len(xs) * heads * width,))
+
+
 def _mask_array(name, mask, dtype):
     """A PyTorch MHA mask: bool (True = ignore) or a float array of the module's dtype."""
     mask = _checks.converted(name, mask, f"a bool or {dtype} array")
