@@ -137,6 +137,8 @@ def _stack(x, batch, lead_ndim):
     shape = (1,) * (lead_ndim + 3 - x.ndim) + x.shape            # (*batch_x, heads, N, W)
     stored = shape[:-3]
     x4 = x.reshape((math.prod(stored),) + shape[-3:])             # (Bx, heads, N, W)
+    if stored == batch:                                           # nothing broadcast
+        return x4, np.arange(x4.shape[0], dtype=np.int64)
     index = np.broadcast_to(np.arange(x4.shape[0], dtype=np.int64).reshape(stored), batch)
     return x4, index.flatten()                                    # (B,) (a writeable copy)
 
