@@ -1,10 +1,10 @@
 """kernels/tanh.py: the vectorised tanh and slope 1 - tanh² of attention's soft-capping, against
-float64 NumPy, through the two kernels that use them (attention_state.softcap_tile: a tile of
+float64 NumPy, through the two kernels that use them (score_modifiers.softcap_tile: a tile of
 scores and its slopes; softcap_scores: a row), in the arithmetic of each dtype."""
 import numpy as np
 from hypothesis import given, strategies as st
 
-from npattn.kernels.attention_state import softcap_scores, softcap_tile
+from npattn.kernels.score_modifiers import softcap_scores, softcap_tile
 from npattn.kernels.tanh import SMALL
 from strategies import dtypes
 

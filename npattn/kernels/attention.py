@@ -8,7 +8,7 @@ b. tests/test_call_maps.py checks every name and arrow::
     attention_forward_kernel  => forward_item     # prange over (b, h, block of query rows)
     forward_item   -> head_of, batch_scores, key_start, key_end, pack_lanes, pack_columns,
                       ones_row, micro_kernel, softcap_scores, mask_panel, panel_softmax,
-                      finish_weights
+                      join_sink, finish_weights
     mask_panel     -> key_start, key_end, alibi_panel
     panel_softmax  -> lane_max, exp_shifted_native, micro_kernel, keep
     finish_weights -> exp_nonpositive_native, keep
@@ -22,8 +22,9 @@ b. tests/test_call_maps.py checks every name and arrow::
     keep_tile      -> keep
 
 ``micro_kernel`` is the register tile (MR×NR, vector_tile.py); the score modifiers
-(``key_start``/``key_end``, ``alibi_*``, ``softcap_*``) and the records are in
-attention_state.py, ``keep`` in random.py, the exps in exp.py.
+(``key_start``/``key_end``, ``alibi_*``, ``softcap_*``, ``join_sink``) are in
+score_modifiers.py, the records (and ``batch_scores``, ``head_of``) in attention_state.py,
+``keep`` in random.py, the exps in exp.py.
 
 Dims: B batch (broadcast, flattened), H query heads, Hkv key/value heads (H = G·Hkv, GQA), L
 queries, S keys, E query/key width, Ev value width. One (b, h) pair is a *head*.
@@ -106,8 +107,9 @@ from numba import prange
 from .._jit import call_body, kernel, parallel_items
 from . import _lane_max, tiles, vector_tile
 from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, KeyBlock, QueryBlock, Scratch,
-                              alibi_panel, alibi_row, batch_scores, head_of, key_end,
-                              key_start, softcap_scores, softcap_tile)
+                              batch_scores, head_of)
+from .score_modifiers import (alibi_panel, alibi_row, join_sink, key_end, key_start,
+                              softcap_scores, softcap_tile)
 from .exp import exp_nonpositive_native, exp_shifted_native
 from .random import keep
 
@@ -472,11 +474,7 @@ def forward_item(w, inputs, all_scores, dropout, results, block_rows, n_qb):
             l[r] = panel[ones, c]
         row_max, row_sum, alpha = m[r], l[r], dtype.type(1)
         if scores.sinks:                 # the sink joins the denominator: l·e^m + e^sink
-            top = max(row_max, head.sink)
-            if top != -np.inf:
-                alpha = math.exp(row_max - top)             # 0 when every key is masked
-                row_sum = row_sum * alpha + math.exp(head.sink - top)
-                row_max = top
+            row_max, row_sum, alpha = join_sink(row_max, row_sum, alpha, head.sink)
         mh[i] = row_max
         lh[i] = row_sum
         if row_sum == 0:                                   # every key masked (no sink)

@@ -1,13 +1,14 @@
-"""The attention engine's arguments, grouped into records, and the one rule of which keys a
-query row may see (key_start <= j < key_end).
+"""The attention engine's arguments, grouped into records, and the two views of them a work
+item takes (batch_scores: a batch's own diagonal; head_of: a head's mask planes, slope and sink).
 
 Each record is a ``namedtuple``: Numba compiles it as a typed tuple whose fields the kernels
 read by name (``scores.offset``), and ``_jit`` keys a kernel's compiled code on the type of
 every field (``_jit._arg_key``), so a record whose arrays change dtype or layout gets code of
 its own. The functional layer (``functional/attention.py``) builds them once per call; the
-kernels pass them down unchanged, so a new score modifier is one field here, the code that
-reads it (:func:`key_start` / :func:`key_end` for which keys are visible, ``mask_tile`` /
-``mask_panel`` of ``kernels/attention.py`` for what happens to a visible score) and the line
+kernels pass them down unchanged, so a new score modifier is one field here, its rule in
+``kernels/score_modifiers.py`` (``key_start`` / ``key_end`` for which keys are visible, a
+function for what happens to a visible score), the two places of ``kernels/attention.py`` that
+apply it in its two layouts (``mask_panel`` and ``mask_tile``, or their neighbours) and the line
 of the functional layer that fills it in.
 
 Dims as in ``kernels/attention.py``: B batch (broadcast, flattened), H query heads, Hkv
@@ -15,11 +16,9 @@ key/value heads, L queries, S keys, E query/key width, Ev value width.
 """
 from collections import namedtuple
 
-import numpy as np
 from numba.extending import overload
 
-from .._jit import OVERLOAD_OPTIONS, exact_kernel, fma_kernel, kernel
-from .tanh import SMALL, series_native, tanh_slope_native
+from .._jit import OVERLOAD_OPTIONS, kernel
 
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
 
@@ -85,26 +84,6 @@ Gradients = namedtuple("Gradients", "dq_parts dk dv dscores store_ds")
 UNBOUNDED = 1 << 62
 
 
-@kernel
-def key_start(scores, i):
-    """Keys j < key_start(scores, i) are hidden from query row i: i + offset - window_left
-    (may be < 0: from key 0). Non-decreasing in i, so a block's first row has its smallest."""
-    return i + scores.offset - scores.window_left
-
-
-@kernel
-def key_end(scores, i):
-    """Keys j >= key_end(scores, i) are hidden from query row i: i + offset + window_right +
-    1, and at most i + offset + 1 under causal (may be <= 0: no key). Non-decreasing in i, so
-    a block's last row has its largest. Between key_start and key_end a mask may still hide
-    keys; outside them the kernels skip every block and tile."""
-    diagonal = i + scores.offset
-    end = diagonal + scores.window_right + 1
-    if scores.causal:
-        end = min(end, diagonal + 1)
-    return end
-
-
 def batch_scores(scores, b):
     """scores as batch b's work items read it: offset is b's own, an int64 (scores.offset[b]),
     every other field as it stands. (Compiled: the overload below, which lists the fields of
@@ -129,82 +108,6 @@ def head_of(scores, bh):
                 scores.float_planes[plane if scores.mask_kind == FLOAT_MASK else 0],
                 scores.slopes[bh if scores.alibi else 0],
                 scores.sink_logits[bh if scores.sinks else 0])
-
-
-@exact_kernel
-def alibi_row(row, slope, diagonal, j0):
-    """row[c] -= slope·|diagonal - (j0 + c)|: ALiBi's distance bias on the scores of keys
-    j0, j0 + 1, ... of one query row whose diagonal is key `diagonal`. exact_kernel (no FMA
-    contraction, product and difference each rounded as written): forward (mask_panel) and
-    backward (mask_tile) form the same scores, to the bit, wherever each copy is inlined."""
-    for c in range(row.shape[0]):
-        row[c] = row[c] - slope * row.dtype.type(abs(diagonal - (j0 + c)))
-
-
-@exact_kernel
-def alibi_panel(pt, lanes, n_keys, slope, diagonal, j0):
-    """alibi_row for a panel of scores stored transposed, pt[j·lanes + c] for key j0 + j and
-    the query whose diagonal is diagonal + c: each element as alibi_row rounds it (the same
-    bits), the loop running along the lanes (contiguous: it vectorises)."""
-    for j in range(n_keys):
-        for c in range(lanes):
-            pt[j * lanes + c] = pt[j * lanes + c] - slope * pt.dtype.type(
-                abs(diagonal + c - (j0 + j)))
-
-
-@fma_kernel
-def softcap_scores(x, cap):
-    """x[k] = cap·tanh(x[k] / cap) for scores x (n,) (the forward's panels), x / cap taken as
-    x·(1/cap) (1/cap rounded once to the dtype). First y in place, counting the |y| >= SMALL
-    (NaN too); with none, tanh's series alone (the bits the full form selects there, at about
-    half its cost). The same bits as softcap_tile gives the same score in backward (tanh.py:
-    one way to fuse each multiply-add)."""
-    c = x.dtype.type(cap)
-    inv = x.dtype.type(1.0 / cap)
-    small = x.dtype.type(SMALL)
-    far = 0
-    for k in range(x.shape[0]):
-        y = x[k] * inv
-        x[k] = y
-        far += not abs(y) < small
-    if far == 0:
-        for k in range(x.shape[0]):
-            y = x[k]
-            x[k] = c * np.copysign(series_native(abs(y)), y)
-    else:
-        for k in range(x.shape[0]):
-            t, _ = tanh_slope_native(x[k])
-            x[k] = c * t
-
-
-@fma_kernel
-def softcap_tile(tile, slope, cap):
-    """softcap_scores for a backward tile (MR, NR), and the cap's derivative at each score,
-    d(cap·tanh(s/cap))/ds = 1 - tanh²(s/cap), into slope (MR, NR)."""
-    c = tile.dtype.type(cap)
-    inv = tile.dtype.type(1.0 / cap)
-    small = tile.dtype.type(SMALL)
-    one = tile.dtype.type(1)
-    far = 0
-    for r in range(tile.shape[0]):
-        row = tile[r]
-        for k in range(row.shape[0]):
-            y = row[k] * inv
-            row[k] = y
-            far += not abs(y) < small
-    for r in range(tile.shape[0]):
-        row, srow = tile[r], slope[r]
-        if far == 0:
-            for k in range(row.shape[0]):
-                y = row[k]
-                t = np.copysign(series_native(abs(y)), y)
-                row[k] = c * t
-                srow[k] = one - t * t
-        else:
-            for k in range(row.shape[0]):
-                t, d = tanh_slope_native(row[k])
-                row[k] = c * t
-                srow[k] = d
 
 
 # ---------------------------------------------------------------- inside the backward kernel
