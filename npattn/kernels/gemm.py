@@ -17,6 +17,7 @@ and arrow::
     pack_b_block   -> pack_b_panel    # (a row-major B row by row; Bᵀ and edges by panel)
     block_product  -> micro_add, micro_kernel     # the MR×NR tile (vector_tile.py)
     small_dot_kernel -> add_four, add_eight
+    add_eight      -> add_four
 
 Every linear layer and every matrix product of npattn, forward and backward, runs here.
 Dims: T output batches, M rows of C, N columns, K the inner dim; op(X) is X or Xᵀ.
@@ -347,9 +348,10 @@ def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b,
 
 
 @kernel
-def add_four(crow, n0, s0, s1, s2, s3):
-    # crow[n0 .. n0 + 4] += (s0, s1, s2, s3), the part inside the row
-    width = min(4, crow.shape[0] - n0)
+def add_four(crow, n0, stop, s0, s1, s2, s3):
+    # crow[n0 .. min(n0 + 4, stop)] += (s0, s1, s2, s3): columns at or past `stop` belong to
+    # another work item (or lie past the row), and are left alone
+    width = min(4, stop - n0)
     crow[n0] += s0
     if width > 1:
         crow[n0 + 1] += s1
@@ -361,24 +363,10 @@ def add_four(crow, n0, s0, s1, s2, s3):
 
 @kernel
 def add_eight(crow, n0, stop, s0, s1, s2, s3, s4, s5, s6, s7):
-    # crow[n0 .. min(n0 + 8, stop)] += (s0, ..., s7): columns at or past `stop` belong to
-    # another work item (or lie past the row), and are left alone
-    width = min(8, stop - n0)
-    crow[n0] += s0
-    if width > 1:
-        crow[n0 + 1] += s1
-    if width > 2:
-        crow[n0 + 2] += s2
-    if width > 3:
-        crow[n0 + 3] += s3
-    if width > 4:
-        crow[n0 + 4] += s4
-    if width > 5:
-        crow[n0 + 5] += s5
-    if width > 6:
-        crow[n0 + 6] += s6
-    if width > 7:
-        crow[n0 + 7] += s7
+    # crow[n0 .. min(n0 + 8, stop)] += (s0, ..., s7), as add_four
+    add_four(crow, n0, stop, s0, s1, s2, s3)
+    if n0 + 4 < stop:
+        add_four(crow, n0 + 4, stop, s4, s5, s6, s7)
 
 
 @parallel_kernel(twin=True)
@@ -452,8 +440,8 @@ def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate, cols):
                 s11 += x1 * b1[k]
                 s12 += x1 * b2[k]
                 s13 += x1 * b3[k]
-            add_four(c0, n0, s00, s01, s02, s03)
-            add_four(c1, n0, s10, s11, s12, s13)
+            add_four(c0, n0, n_cols, s00, s01, s02, s03)
+            add_four(c1, n0, n_cols, s10, s11, s12, s13)
 
 
 def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans_b=False,
