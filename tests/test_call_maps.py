@@ -187,8 +187,10 @@ def test_maps_reach_from_the_public_op_to_the_tiles():
     assert {"kernels/attention.py::attention_forward_kernel",
             "kernels/attention.py::attention_backward_kernel"} <= callees[MAPPED[0]]
     assert {"attention_forward_kernel", "forward_item", "attention_backward_kernel",
-            "backward_item", "backward_pair", "backward_tiles"} <= callers[MAPPED[1]]
-    assert {"micro_kernel", "mask_panel", "panel_softmax", "mask_tile"} <= callees[MAPPED[1]]
+            "forward_pair", "backward_item", "backward_pair", "backward_tiles",
+            "mask_keys"} <= callers[MAPPED[1]]
+    assert {"micro_kernel", "mask_panel", "panel_softmax", "mask_tile",
+            "mask_keys"} <= callees[MAPPED[1]]
     assert {"gemm", "gemm_kernel", "rows_item", "block_product"} <= callers[MAPPED[2]]
 
 

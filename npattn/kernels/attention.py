@@ -6,25 +6,28 @@ runs work item b through its address (``parallel_items(b)``, ``call_body``); ``a
 b. tests/test_call_maps.py checks every name and arrow::
 
     attention_forward_kernel  => forward_item     # prange over (b, h, block of query rows)
-    forward_item   -> head_of, batch_scores, key_start, key_end, pack_lanes, pack_columns,
-                      ones_row, micro_kernel, softcap_scores, mask_panel, panel_softmax,
-                      join_sink, finish_weights
-    mask_panel     -> key_start, key_end, alibi_panel
+    forward_item   -> head_of, batch_scores, dropout_first, forward_scratch, pack_lanes,
+                      key_start, key_end, forward_pair, finish_rows, finish_weights
+    forward_pair   -> pack_lanes, pack_columns, ones_row, key_start, key_end, micro_kernel,
+                      softcap_scores, mask_panel, store_scores, panel_softmax
+    mask_panel     -> every_key_visible, mask_keys, alibi_panel
     panel_softmax  -> lane_max, exp_shifted_native, micro_kernel, keep
+    finish_rows    -> join_sink
     finish_weights -> exp_nonpositive_native, keep
     attention_backward_kernel => backward_item    # prange over (b, kv head, split of keys)
-    backward_item  -> batch_scores, head_of, key_start, key_end, pack_lanes, pack_columns,
-                      pack_query_block, backward_pair
+    backward_item  -> batch_scores, head_of, dropout_first, key_start, key_end, pack_lanes,
+                      pack_columns, pack_query_block, backward_pair
     pack_query_block -> pack_lanes, pack_columns
     backward_pair  -> backward_tiles, rows_seeing, micro_kernel, add_tile
     backward_tiles -> micro_kernel, softcap_tile, mask_tile, exp_nonpositive_native, keep_tile
-    mask_tile      -> key_start, key_end, alibi_row
+    mask_tile      -> every_key_visible, mask_keys, alibi_row
+    every_key_visible, mask_keys -> key_start, key_end
     keep_tile      -> keep
 
 ``micro_kernel`` is the register tile (MR×NR, vector_tile.py); the score modifiers
 (``key_start``/``key_end``, ``alibi_*``, ``softcap_*``, ``join_sink``) are in
-score_modifiers.py, the records (and ``batch_scores``, ``head_of``) in attention_state.py,
-``keep`` in random.py, the exps in exp.py.
+score_modifiers.py, the records (and ``batch_scores``, ``head_of``, ``dropout_first``) in
+attention_state.py, ``keep`` in random.py, the exps in exp.py.
 
 Dims: B batch (broadcast, flattened), H query heads, Hkv key/value heads (H = G·Hkv, GQA), L
 queries, S keys, E query/key width, Ev value width. One (b, h) pair is a *head*.
@@ -106,8 +109,9 @@ from numba import prange
 
 from .._jit import call_body, kernel, parallel_items
 from . import _lane_max, tiles, vector_tile
-from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, KeyBlock, QueryBlock, Scratch,
-                              batch_scores, head_of)
+from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, BlockPair, ForwardScratch,
+                              KeyBlock, QueryBlock, Scratch, batch_scores, dropout_first,
+                              head_of)
 from .score_modifiers import (alibi_panel, alibi_row, join_sink, key_end, key_start,
                               softcap_scores, softcap_tile)
 from .exp import exp_nonpositive_native, exp_shifted_native
@@ -189,50 +193,69 @@ def pack_columns(x, r0, rows, lanes, capacity, out):
 
 
 @kernel
+def every_key_visible(scores, i0, n_rows, j0, n_keys):
+    # Whether rows i0 .. i0 + n_rows all see keys j0 .. j0 + n_keys unchanged: no mask, no
+    # bias, and the keys inside every row's key_start .. key_end (the first row has the
+    # smallest key_end, the last the largest key_start). The masking's common case: nothing
+    # to do.
+    return (scores.mask_kind == NO_MASK and not scores.alibi
+            and j0 + n_keys <= key_end(scores, i0) and j0 >= key_start(scores, i0 + n_rows - 1))
+
+
+@kernel
+def mask_keys(x, at, step, n, width, i, j0, scores, head):
+    # x[at + j·step], the scaled score of query row i and key j0 + j (j < width), becomes -inf
+    # where that key does not take part: past the last key (j >= n: padding), a False in a
+    # bool mask, or outside the row's key_start .. key_end (window, causal diagonal); a float
+    # mask is added. head: the head's mask planes (Lm, Sm), read through their broadcast shape
+    # (head_of). The one masking rule of both layouts: a backward tile's row (mask_tile: step
+    # 1) and a forward panel's query lane (mask_panel: step NR). Returns (lo, visible): keys
+    # j0 + lo .. j0 + visible passed the bounds (a bias applies there, in the caller's layout).
+    minus_inf = x.dtype.type(-np.inf)
+    visible = max(min(n, key_end(scores, i) - j0), 0)
+    lo = max(key_start(scores, i) - j0, 0)
+    if scores.mask_kind == BOOL_MASK:
+        bplane = head.bool_plane
+        mrow = bplane[i if bplane.shape[0] > 1 else 0]
+        if mrow.shape[0] == 1:
+            if not mrow[0]:
+                visible = 0
+        else:
+            for j in range(lo, visible):
+                if not mrow[j0 + j]:
+                    x[at + j * step] = minus_inf
+    elif scores.mask_kind == FLOAT_MASK:
+        fplane = head.float_plane
+        frow = fplane[i if fplane.shape[0] > 1 else 0]
+        if frow.shape[0] == 1:
+            for j in range(lo, visible):
+                x[at + j * step] += frow[0]
+        else:
+            for j in range(lo, visible):
+                x[at + j * step] += frow[j0 + j]
+    for j in range(min(lo, visible)):
+        x[at + j * step] = minus_inf
+    for j in range(visible, width):
+        x[at + j * step] = minus_inf
+    return lo, visible
+
+
+@kernel
 def mask_tile(tile, i0, rows, j0, cols, scores, head):
-    # tile[r, c], the scaled score of query i0 + r and key j0 + c, becomes -inf where that key
-    # does not take part: past the last row or key, a False in a bool mask, or outside the
-    # row's key_start .. key_end (window, causal diagonal); a float mask is added, and then
-    # ALiBi's bias. head: the head's mask planes (Lm, Sm), read through their broadcast shape,
-    # and slope (head_of).
-    mask_kind = scores.mask_kind
-    bplane, fplane = head.bool_plane, head.float_plane
-    if (mask_kind == NO_MASK and not scores.alibi and rows >= MR and cols >= NR
-            and j0 + NR <= key_end(scores, i0) and j0 >= key_start(scores, i0 + MR - 1)):
-        return                                     # the common case: every key visible
-    minus_inf = tile.dtype.type(-np.inf)
+    # mask_keys on each row of a backward tile: tile[r, c] is the scaled score of query i0 + r
+    # and key j0 + c; rows past `rows` and keys past `cols` are padding (-inf). Then ALiBi's
+    # bias on each row's visible keys.
+    if rows >= MR and cols >= NR and every_key_visible(scores, i0, MR, j0, NR):
+        return
     cols = min(cols, NR)
     for r in range(MR):
-        i = i0 + r
         row = tile[r]
         if r >= rows:
-            row[:] = minus_inf
+            row[:] = tile.dtype.type(-np.inf)
             continue
-        visible = max(min(cols, key_end(scores, i) - j0), 0)   # keys lo .. visible pass
-        lo = max(key_start(scores, i) - j0, 0)
-        if mask_kind == BOOL_MASK:
-            mrow = bplane[i if bplane.shape[0] > 1 else 0]
-            if mrow.shape[0] == 1:
-                if not mrow[0]:
-                    visible = 0
-            else:
-                for c in range(lo, visible):
-                    if not mrow[j0 + c]:
-                        row[c] = minus_inf
-        elif mask_kind == FLOAT_MASK:
-            frow = fplane[i if fplane.shape[0] > 1 else 0]
-            if frow.shape[0] == 1:
-                for c in range(lo, visible):
-                    row[c] += frow[0]
-            else:
-                for c in range(lo, visible):
-                    row[c] += frow[j0 + c]
+        lo, visible = mask_keys(row, 0, 1, cols, NR, i0 + r, j0, scores, head)
         if scores.alibi and lo < visible:
-            alibi_row(row[lo:visible], head.slope, i + scores.offset, j0 + lo)
-        for c in range(min(lo, visible)):
-            row[c] = minus_inf
-        for c in range(visible, NR):
-            row[c] = minus_inf
+            alibi_row(row[lo:visible], head.slope, i0 + r + scores.offset, j0 + lo)
 
 
 @kernel
@@ -257,37 +280,13 @@ def add_tile(tile, dst, r0, rows, c0, width):
 
 @kernel
 def mask_panel(pt, n_keys, i0, rows, j0, scores, head):
-    # pt[j·NR + c], the scaled score of query i0 + c and key j0 + j (j < n_keys), becomes
-    # -inf where that key does not take part (a False in a bool mask, or outside the row's
-    # key_start .. key_end); a float mask is added, and then ALiBi's bias (head: as
-    # mask_tile). Queries past `rows` are padding: left alone (but for the bias, harmless).
-    mask_kind = scores.mask_kind
-    bplane, fplane = head.bool_plane, head.float_plane
-    if (mask_kind == NO_MASK and not scores.alibi and j0 + n_keys <= key_end(scores, i0)
-            and j0 >= key_start(scores, i0 + NR - 1)):
-        return                                     # the common case: every key visible
-    minus_inf = pt.dtype.type(-np.inf)
+    # mask_keys on each query lane of a forward panel: pt[j·NR + c] is the scaled score of
+    # query i0 + c and key j0 + j (j < n_keys). Queries past `rows` are padding: left alone
+    # (but for the bias, harmless). Then ALiBi's bias across the lanes.
+    if every_key_visible(scores, i0, NR, j0, n_keys):
+        return
     for c in range(min(NR, rows)):
-        i = i0 + c
-        visible = max(min(n_keys, key_end(scores, i) - j0), 0)   # keys lo .. visible pass
-        lo = max(key_start(scores, i) - j0, 0)
-        if mask_kind == BOOL_MASK:
-            mrow = bplane[i if bplane.shape[0] > 1 else 0]
-            if mrow.shape[0] == 1:
-                if not mrow[0]:
-                    visible = 0
-            else:
-                for j in range(lo, visible):
-                    if not mrow[j0 + j]:
-                        pt[j * NR + c] = minus_inf
-        elif mask_kind == FLOAT_MASK:
-            frow = fplane[i if fplane.shape[0] > 1 else 0]
-            for j in range(lo, visible):
-                pt[j * NR + c] += frow[j0 + j if frow.shape[0] > 1 else 0]
-        for j in range(min(lo, visible)):
-            pt[j * NR + c] = minus_inf
-        for j in range(visible, n_keys):
-            pt[j * NR + c] = minus_inf
+        mask_keys(pt, c, NR, n_keys, n_keys, i0 + c, j0, scores, head)
     if scores.alibi:             # after the -inf (which it keeps), across the lanes: vectorised
         alibi_panel(pt, NR, n_keys, head.slope, i0 + scores.offset, j0)
 
@@ -301,20 +300,20 @@ lane_max = kernel(getattr(_lane_max, f"lane_max_{NR}"))
 
 
 @kernel
-def panel_softmax(pt, lo, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_keys, dropout):
-    # One query panel (NR queries) through keys lo .. n_keys of one key block (the keys before
-    # lo are hidden from every query of the panel: not computed). pt (FORWARD_BK·NR) holds the
-    # panel's masked scores transposed, pt[j·NR + c] for key j and query c; m (NR,) the
-    # running max; ot (Ev', NR) the running output transposed, whose row `ones` (see
-    # forward_item) holds the running sum l; vs the block's values as MR-column strips, plus
-    # that row of ones. Every loop below runs along the NR queries: one vector of float32.
-    # With dropout, the ones row would sum the dropped probabilities: the pre-dropout sum
-    # goes to l (NR,) instead. `first` is the dropout index of the panel's (key 0, query 0)
+def panel_softmax(fs, pn, lo, n_keys, first, n_all_keys, dropout):
+    # Query panel pn (NR queries) of the item through keys lo .. n_keys of one key block (the
+    # keys before lo are hidden from every query of the panel: not computed). fs
+    # (ForwardScratch): fs.pt holds the panel's masked scores transposed, pt[j·NR + c] for key
+    # j and query c; fs.m, fs.l the running max and sum; fs.ot[pn] (Ev', NR) the running
+    # output transposed, whose row Ev (ones_row) sums p; fs.vs the block's values as MR-column
+    # strips, plus that row of ones. Every loop below runs along the NR queries: one vector of
+    # float32. With dropout, the ones row would sum the dropped probabilities: the pre-dropout
+    # sum goes to l instead. `first` is the dropout index of the panel's (key 0, query 0)
     # weight; queries are n_all_keys apart.
+    pt, e, vs, tile, ot = fs.pt, fs.e, fs.vs, fs.tile, fs.ot[pn]
+    m, l = fs.m[pn * NR:(pn + 1) * NR], fs.l[pn * NR:(pn + 1) * NR]
+    block_max, shift, alpha = fs.block_max, fs.shift, fs.alpha
     zero = ot.dtype.type(0)
-    block_max = stats[0]
-    shift = stats[1]
-    alpha = stats[2]
     lane_max(pt[lo * NR:], n_keys - lo, block_max)
     for c in range(NR):
         new = max(m[c], block_max[c])
@@ -324,7 +323,7 @@ def panel_softmax(pt, lo, n_keys, m, l, ot, vs, e, stats, tile, first, n_all_key
     a, n = lo * NR, n_keys * NR
     exp_shifted_native(pt[a:n], shift, e[a:n])   # e = exp(s - shift)
     if dropout.threshold > 0:
-        total = stats[3]
+        total = fs.total
         total[:] = zero
         for j in range(lo, n_keys):
             for c in range(NR):
@@ -378,18 +377,114 @@ def finish_weights(wh, i0, rows, begin, end, lseh, dropout, first):
 
 
 @kernel
+def forward_scratch(like, n_panels, width, n_vcols):
+    # A forward work item's scratch (ForwardScratch), of like's dtype, for n_panels query
+    # panels of a head of E = width, Ev = n_vcols: one key block's strips, one panel's scores
+    # and probabilities, and every panel's running max, sum and output.
+    dtype = like.dtype
+    vcols = (n_vcols + 1 + MR - 1) // MR * MR             # Ev + 1 rounded up to whole strips
+    pt = np.empty(FORWARD_BK * NR, dtype)
+    stats = np.empty((4, NR), dtype)
+    return ForwardScratch(np.empty(n_panels * width * NR, dtype),          # qp
+                          np.empty((FORWARD_BK // MR) * width * MR, dtype),  # ks
+                          np.zeros(vcols * FORWARD_BK, dtype),               # vs
+                          pt, pt.reshape(FORWARD_BK, NR),                    # pt, pt_tiles
+                          np.empty(FORWARD_BK * NR, dtype),                  # e
+                          stats[0], stats[1], stats[2], stats[3],
+                          np.empty((MR, NR), dtype),                         # tile
+                          np.full(n_panels * NR, -np.inf, dtype),            # m
+                          np.zeros(n_panels * NR, dtype),                    # l
+                          np.zeros((n_panels, vcols, NR), dtype))            # ot
+
+
+@kernel
+def store_scores(wh, at, c0, lo, n_vis, pt):
+    # (store_weights) query panel c0's masked scores against key block `at` into wh's rows,
+    # for now (finish_weights turns them into weights); keys before lo and from n_vis on were
+    # not computed: -inf
+    for c in range(min(NR, at.rows - c0)):
+        wrow = wh[at.i0 + c0 + c, at.j0:at.j0 + at.n_keys]
+        wrow[:lo] = -np.inf
+        for j in range(lo, n_vis):
+            wrow[j] = pt[j * NR + c]
+        wrow[n_vis:] = -np.inf
+
+
+@kernel
+def forward_pair(kh, vh, at, scores, head, dropout, wh, store_weights, fs):
+    # The item's query block (rows at.i0 .. at.i0 + at.rows, packed in fs.qp) against one key
+    # block (keys at.j0 .. at.j0 + at.n_keys of kh, vh): pack the block's keys and values, then
+    # for each NR-query panel its scoresᵀ (tiles of MR keys × NR queries, written straight into
+    # fs.pt), the soft cap, the mask and bias, the stored scores, and one online-softmax step.
+    width = kh.shape[1]
+    i0, rows, j0, n_keys = at.i0, at.rows, at.j0, at.n_keys
+    pt = fs.pt
+    pack_lanes(kh, j0, n_keys, MR, 1.0, fs.ks)
+    pack_columns(vh, j0, n_keys, MR, FORWARD_BK, fs.vs)
+    ones_row(fs.vs, vh.shape[1], n_keys)
+    for pn in range((rows + NR - 1) // NR):
+        c0 = pn * NR
+        # keys lo .. n_vis: those any query of the panel (padding included) may see, from a
+        # whole MR-key strip
+        n_vis = max(min(n_keys, key_end(scores, i0 + c0 + NR - 1) - j0), 0)
+        lo = min(max(key_start(scores, i0 + c0) - j0, 0) // MR * MR, n_vis)
+        for js in range(lo, n_vis, MR):                   # scoresᵀ = k·(q·scale)ᵀ
+            micro_kernel(width, fs.ks[js * width:], fs.qp[c0 * width:],
+                         fs.pt_tiles[js:js + MR])
+        if scores.softcap > 0:                            # before masks and bias
+            softcap_scores(pt[lo * NR:n_vis * NR], scores.softcap)
+        mask_panel(pt[lo * NR:], n_vis - lo, i0 + c0, rows - c0, j0 + lo, scores, head)
+        if store_weights:
+            store_scores(wh, at, c0, lo, n_vis, pt)
+        if n_vis > lo:                                    # (the rest are -inf)
+            panel_softmax(fs, pn, lo, n_vis, at.first + (i0 + c0) * at.n_keys_all + j0,
+                          at.n_keys_all, dropout)
+
+
+@kernel
+def finish_rows(oh, lseh, mh, lh, i0, rows, scores, head, dropout, fs):
+    # The item's rows i0 .. i0 + rows done: out = o / l, lse = m + log l, and row_max, row_sum
+    # (the sink joins the denominator here: join_sink). l is the ones row of oᵀ, or with
+    # dropout the pre-dropout sum panel_softmax kept. l = 0 (every key masked, no sink) gives
+    # 0 and -inf; NaN flows through.
+    n_vcols = oh.shape[1]
+    ones = n_vcols                                         # the row of oᵀ that sums p
+    dtype = oh.dtype
+    zero = dtype.type(0)
+    m, l = fs.m, fs.l
+    for r in range(rows):
+        i = i0 + r
+        orow = oh[i]
+        panel = fs.ot[r // NR]
+        c = r % NR
+        if dropout.threshold == 0:
+            l[r] = panel[ones, c]
+        row_max, row_sum, alpha = m[r], l[r], dtype.type(1)
+        if scores.sinks:                 # the sink joins the denominator: l·e^m + e^sink
+            row_max, row_sum, alpha = join_sink(row_max, row_sum, alpha, head.sink)
+        mh[i] = row_max
+        lh[i] = row_sum
+        if row_sum == 0:                                   # every key masked (no sink)
+            orow[:] = zero
+            lseh[i] = -np.inf
+        else:                                              # (NaN flows through here)
+            inv = alpha / row_sum
+            for col in range(n_vcols):
+                orow[col] = panel[col, c] * inv
+            lseh[i] = row_max + math.log(row_sum)
+
+
+@kernel
 def forward_item(w, inputs, all_scores, dropout, results, block_rows, n_qb):
     # Work item w of attention_forward_kernel: query rows i0 .. i0 + rows of one head,
     # qh (L, E), kh (S, E), vh (S, Ev) -> oh (L, Ev), lseh (L,), the softmax's row max mh and
     # (pre-dropout) row sum lh (L,) with lse = m + log l, and, if store_weights, wh (L, S).
-    # `first` is the dropout index of weight (i, j) = (0, 0) of this head. Rows, keys and
-    # results are batch b's own (Inputs: q_start, q_len, k_start, k_len, out_batch); its query
-    # blocks are items t < its own count of the n_qb per head (the most of any batch): the
-    # rest do nothing. The scores are
-    # computed transposed -- tiles of MR keys × NR queries, kᵀ-strip by q-panel -- so that each
-    # tile row is a contiguous row of pᵀ, the micro-kernel's B operand in oᵀ += vᵀ·pᵀ, and the
-    # softmax runs across queries. (One function with the loop's arguments: each level of
-    # calls is optimised again where it is linked -- see _jit.ItemKernel.)
+    # Rows, keys and results are batch b's own (Inputs: q_start, q_len, k_start, k_len,
+    # out_batch); its query blocks are items t < its own count of the n_qb per head (the most
+    # of any batch): the rest do nothing. Three steps: pack the queries, one forward_pair per
+    # key block the rows can see, finish_rows (and finish_weights). (One function with the
+    # loop's arguments: each level of calls is optimised again where it is linked -- see
+    # _jit.ItemKernel.)
     q, k, v = inputs.q, inputs.k, inputs.v
     store_weights = results.store_weights
     n_heads = results.lse.shape[1]
@@ -414,77 +509,19 @@ def forward_item(w, inputs, all_scores, dropout, results, block_rows, n_qb):
     oh, lseh = results.out[ob, h, q0:q1], results.lse[ob, h, q0:q1]
     mh, lh = results.row_max[ob, h, q0:q1], results.row_sum[ob, h, q0:q1]
     wh = results.weights[b if store_weights else 0, h if store_weights else 0]
-    first = dropout.base[b] + h * n_rows * (k1 - k0)
-    n_keys_all, width = kh.shape
-    n_vcols = vh.shape[1]
-    ones = n_vcols                                         # the row of oᵀ that sums p
-    vcols = (n_vcols + 1 + MR - 1) // MR * MR              # Ev + 1 rounded up to whole strips
-    dtype = oh.dtype
-    n_panels = (rows + NR - 1) // NR
-    qp = np.empty(n_panels * width * NR, dtype)            # q·scale, NR-query panels
-    ks = np.empty((FORWARD_BK // MR) * width * MR, dtype)          # the key block, MR-key strips
-    vs = np.zeros(vcols * FORWARD_BK, dtype)               # the value block, MR-column strips
-    pt = np.empty(FORWARD_BK * NR, dtype)                          # one panel's scoresᵀ
-    pt_tiles = pt.reshape(FORWARD_BK, NR)                          # (the same memory, as tile rows)
-    e = np.empty(FORWARD_BK * NR, dtype)                           # ... and probabilitiesᵀ
-    stats = np.empty((4, NR), dtype)
-    tile = np.empty((MR, NR), dtype)
-    m = np.full(n_panels * NR, -np.inf, dtype)
-    l = np.zeros(n_panels * NR, dtype)
-    ot = np.zeros((n_panels, vcols, NR), dtype)            # the outputs, transposed
-    pack_lanes(qh, i0, rows, NR, scores.scale, qp)
+    n_keys_all = kh.shape[0]
+    first = dropout_first(dropout, b, h, n_rows, n_keys_all)
+    fs = forward_scratch(oh, (rows + NR - 1) // NR, kh.shape[1], vh.shape[1])
+    pack_lanes(qh, i0, rows, NR, scores.scale, fs.qp)
     # keys before `begin` (its block) or at or past `end` are hidden from every row of the
     # block (key_start, key_end): not computed
     end = min(n_keys_all, max(key_end(scores, i0 + rows - 1), 0))
     begin = min(max(key_start(scores, i0), 0), end) // FORWARD_BK * FORWARD_BK
     for j0 in range(begin, end, FORWARD_BK):
-        n_keys = min(FORWARD_BK, n_keys_all - j0)
-        pack_lanes(kh, j0, n_keys, MR, 1.0, ks)
-        pack_columns(vh, j0, n_keys, MR, FORWARD_BK, vs)
-        ones_row(vs, ones, n_keys)
-        for pn in range(n_panels):
-            c0 = pn * NR
-            # keys lo .. n_vis: those any query of the panel (padding included) may see,
-            # from a whole MR-key strip
-            n_vis = max(min(n_keys, key_end(scores, i0 + c0 + NR - 1) - j0), 0)
-            lo = min(max(key_start(scores, i0 + c0) - j0, 0) // MR * MR, n_vis)
-            for js in range(lo, n_vis, MR):               # scoresᵀ = k·(q·scale)ᵀ, written
-                micro_kernel(width, ks[js * width:], qp[c0 * width:], pt_tiles[js:js + MR])
-            if scores.softcap > 0:                        # before masks and bias
-                softcap_scores(pt[lo * NR:n_vis * NR], scores.softcap)
-            mask_panel(pt[lo * NR:], n_vis - lo, i0 + c0, rows - c0, j0 + lo, scores, head)
-            if store_weights:                              # the masked scores, for now
-                for c in range(min(NR, rows - c0)):
-                    wrow = wh[i0 + c0 + c, j0:j0 + n_keys]
-                    wrow[:lo] = -np.inf
-                    for j in range(lo, n_vis):
-                        wrow[j] = pt[j * NR + c]
-                    wrow[n_vis:] = -np.inf
-            if n_vis > lo:                                 # (the rest are -inf)
-                panel_softmax(pt, lo, n_vis, m[c0:c0 + NR], l[c0:c0 + NR], ot[pn], vs, e,
-                              stats, tile, first + (i0 + c0) * n_keys_all + j0,
-                              n_keys_all, dropout)
-    zero = dtype.type(0)
-    for r in range(rows):
-        i = i0 + r
-        orow = oh[i]
-        panel = ot[r // NR]
-        c = r % NR
-        if dropout.threshold == 0:
-            l[r] = panel[ones, c]
-        row_max, row_sum, alpha = m[r], l[r], dtype.type(1)
-        if scores.sinks:                 # the sink joins the denominator: l·e^m + e^sink
-            row_max, row_sum, alpha = join_sink(row_max, row_sum, alpha, head.sink)
-        mh[i] = row_max
-        lh[i] = row_sum
-        if row_sum == 0:                                   # every key masked (no sink)
-            orow[:] = zero
-            lseh[i] = -np.inf
-        else:                                              # (NaN flows through here)
-            inv = alpha / row_sum
-            for col in range(n_vcols):
-                orow[col] = panel[col, c] * inv
-            lseh[i] = row_max + math.log(row_sum)
+        forward_pair(kh, vh, BlockPair(i0, rows, j0, min(FORWARD_BK, n_keys_all - j0),
+                                       n_keys_all, first),
+                     scores, head, dropout, wh, store_weights, fs)
+    finish_rows(oh, lseh, mh, lh, i0, rows, scores, head, dropout, fs)
     if store_weights:
         finish_weights(wh, i0, rows, begin, end, lseh, dropout, first)
 
@@ -500,14 +537,14 @@ def attention_forward_kernel(item, inputs, scores, dropout, results, block_rows,
 
 
 @kernel
-def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, head, dropout, first,
-                   n_keys_all, sc, dsh, store_ds):
-    # Every MR×NR tile (MR queries × NR keys) of one (query block, key block) pair: scores and
-    # dout·vᵀ by the micro-kernel, then p, w and ds (module docstring). w and ds are stored
-    # row by row into key panels (sc.wp, sc.dsp: [(panel·BQ + i)·NR + c], queries i as p --
-    # the B operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds), and ds transposed into query strips
-    # (sc.dsq, for dq += ds·k). p = exp(s - lse)·inv with qb's per-row lse, inv and d (see
-    # QueryBlock). `first` is the dropout index of the head's weight (0, 0).
+def backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds):
+    # Every MR×NR tile (MR queries × NR keys) of one (query block, key block) pair `at`
+    # (BlockPair): scores and dout·vᵀ by the micro-kernel, then p, w and ds (module
+    # docstring). w and ds are stored row by row into key panels (sc.wp, sc.dsp: [(panel·BQ
+    # + i)·NR + c], queries i as p -- the B operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds), and
+    # ds transposed into query strips (sc.dsq, for dq += ds·k). p = exp(s - lse)·inv with qb's
+    # per-row lse, inv and d (see QueryBlock).
+    i0, rows, j0, n_keys, n_keys_all = at.i0, at.rows, at.j0, at.n_keys, at.n_keys_all
     width = kb.kt.shape[0] // BK
     vwidth = kb.vt.shape[0] // BK
     n_strips = (rows + MR - 1) // MR
@@ -536,7 +573,7 @@ def backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, head, dropout, first,
             exp_nonpositive_native(x, p)
             if dropout.threshold > 0:
                 keep_tile(kept, dropout.stream, dropout.threshold,
-                          first + (i0 + r0) * n_keys_all + j0 + c0, n_keys_all)
+                          at.first + (i0 + r0) * n_keys_all + j0 + c0, n_keys_all)
             zero = ts.dtype.type(0)
             for r in range(MR):
                 drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
@@ -583,14 +620,13 @@ def rows_seeing(scores, i0, rows, k0, k1):
 
 
 @kernel
-def backward_pair(qb, kb, i0, rows, j0, n_keys, n_keys_all, dqh, dkt, dvt, scores, head,
-                  dropout, first, dsh, store_ds, sc):
-    # One query block (rows i0 .. i0 + rows, packed: qb) against one key block (keys j0 ..
-    # j0 + n_keys, packed: kb): dkt, dvt (E', BK), (Ev', BK) accumulate the key block's
-    # gradients transposed; dqh (L, E) gets ds·k. Each product runs over the rows (keys) that
-    # can see (be seen by) its keys (rows) only: the rest of w and ds is exactly 0.
-    backward_tiles(qb, kb, n_keys, i0, rows, j0, scores, head, dropout, first,
-                   n_keys_all, sc, dsh, store_ds)
+def backward_pair(qb, kb, at, dqh, dkt, dvt, scores, head, dropout, dsh, store_ds, sc):
+    # One query block (rows at.i0 .. at.i0 + at.rows, packed: qb) against one key block (keys
+    # at.j0 .. at.j0 + at.n_keys, packed: kb): dkt, dvt (E', BK), (Ev', BK) accumulate the key
+    # block's gradients transposed; dqh (L, E) gets ds·k. Each product runs over the rows
+    # (keys) that can see (be seen by) its keys (rows) only: the rest of w and ds is exactly 0.
+    backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds)
+    i0, rows, j0, n_keys = at.i0, at.rows, at.j0, at.n_keys
     width = dqh.shape[1]
     n_strips = (rows + MR - 1) // MR
     ts = sc.ts
@@ -698,6 +734,7 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
             doh = saved.dout[ob, h, q0:q1]
             dqh = grads.dq_parts[split, ob, h, q0:q1]
             dsh = grads.dscores[b if store_ds else 0, h if store_ds else 0]
+            first = dropout_first(dropout, b, h, n_rows, n_keys_all)
             o1 = min(o0 + CHUNK, n_own)
             for i0 in range(0, n_rows, BQ):
                 rows = min(BQ, n_rows - i0)
@@ -712,11 +749,9 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
                     j0 = (split + o * n_splits) * BK
                     if j0 >= last or j0 + BK <= start:
                         continue
-                    backward_pair(qb, KeyBlock(kt[o], vt[o], kp[o]), i0, rows, j0,
-                                  min(BK, n_keys_all - j0), n_keys_all, dqh, dkt[o], dvt[o],
-                                  scores, head, dropout,
-                                  dropout.base[b] + h * n_rows * n_keys_all, dsh, store_ds,
-                                  sc)
+                    at = BlockPair(i0, rows, j0, min(BK, n_keys_all - j0), n_keys_all, first)
+                    backward_pair(qb, KeyBlock(kt[o], vt[o], kp[o]), at, dqh, dkt[o], dvt[o],
+                                  scores, head, dropout, dsh, store_ds, sc)
     scale = scores.scale
     for o in range(n_own):
         j0 = (split + o * n_splits) * BK

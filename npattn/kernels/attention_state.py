@@ -1,5 +1,7 @@
-"""The attention engine's arguments, grouped into records, and the two views of them a work
-item takes (batch_scores: a batch's own diagonal; head_of: a head's mask planes, slope and sink).
+"""The attention engine's arguments, grouped into records, the three views of them a work
+item takes (batch_scores: a batch's own diagonal; head_of: a head's mask planes, slope and sink;
+dropout_first: a head's first dropout index), and the records a work item keeps inside
+(BlockPair, ForwardScratch, QueryBlock, KeyBlock, Scratch).
 
 Each record is a ``namedtuple``: Numba compiles it as a typed tuple whose fields the kernels
 read by name (``scores.offset``), and ``_jit`` keys a kernel's compiled code on the type of
@@ -7,9 +9,9 @@ every field (``_jit._arg_key``), so a record whose arrays change dtype or layout
 its own. The functional layer (``functional/attention.py``) builds them once per call; the
 kernels pass them down unchanged, so a new score modifier is one field here, its rule in
 ``kernels/score_modifiers.py`` (``key_start`` / ``key_end`` for which keys are visible, a
-function for what happens to a visible score), the two places of ``kernels/attention.py`` that
-apply it in its two layouts (``mask_panel`` and ``mask_tile``, or their neighbours) and the line
-of the functional layer that fills it in.
+function for what happens to a visible score), the place of ``kernels/attention.py`` that
+applies it (``mask_keys``, one rule for both layouts, or for a bias ``mask_panel`` and
+``mask_tile``, or their neighbours) and the line of the functional layer that fills it in.
 
 Dims as in ``kernels/attention.py``: B batch (broadcast, flattened), H query heads, Hkv
 key/value heads, L queries, S keys, E query/key width, Ev value width.
@@ -101,6 +103,13 @@ def _batch_scores(scores, b):
 
 
 @kernel
+def dropout_first(dropout, b, h, n_rows, n_keys):
+    """The dropout index of weight (0, 0) of head (b, h), whose batch has n_rows queries and
+    n_keys keys: base[b] + h·L_b·S_b (weight (i, j) is i·S_b + j further on)."""
+    return dropout.base[b] + h * n_rows * n_keys
+
+
+@kernel
 def head_of(scores, bh):
     """What head bh = b·H + h reads of scores: a Head."""
     plane = scores.plane_of[bh]     # (the unused mask is one plane: index 0)
@@ -109,6 +118,26 @@ def head_of(scores, bh):
                 scores.slopes[bh if scores.alibi else 0],
                 scores.sink_logits[bh if scores.sinks else 0])
 
+
+# ------------------------------------------------------------ inside a work item: geometry
+#: One query block against one key block of a head: query rows i0 .. i0 + rows and keys j0 ..
+#: j0 + n_keys of the head's n_keys_all (its batch's S); first -- the dropout index of the
+#: head's weight (0, 0) (dropout_first), so weight (i, j) is first + i·n_keys_all + j. The
+#: forward's forward_pair and the backward's backward_pair / backward_tiles take it whole.
+BlockPair = namedtuple("BlockPair", "i0 rows j0 n_keys n_keys_all first")
+
+# ----------------------------------------------------------------- inside the forward kernel
+#: A forward work item's scratch, allocated once (attention.py::forward_scratch): qp -- its
+#: queries times scale as NR-query panels; ks -- one key block as MR-key strips; vs -- its
+#: values as MR-column strips with a row of ones (ones_row); pt -- one panel's scores
+#: transposed (key j, query c at pt[j·NR + c]), pt_tiles -- the same memory as (FORWARD_BK,
+#: NR) tile rows; e -- the panel's probabilities transposed; block_max, shift, alpha, total
+#: (NR,) -- per query of the panel, the block's max score, the exp's shift, the factor that
+#: rescales the running sums, and (with dropout) the block's pre-dropout sum; tile (MR, NR);
+#: and per row of the item m, l -- the running max and sum -- and ot (panels, Ev', NR) -- the
+#: running output transposed, whose row Ev sums p (panel_softmax).
+ForwardScratch = namedtuple("ForwardScratch", "qp ks vs pt pt_tiles e block_max shift alpha "
+                                              "total tile m l ot")
 
 # ---------------------------------------------------------------- inside the backward kernel
 #: One query block packed for backward_pair (rows i0 .. i0 + rows, padded to whole MR strips):
