@@ -7,8 +7,8 @@ to the C library per element).  Dims: N elements (the whole array, flattened).
              Φ'(x) = 2·Φ·(1 − Φ)·u',   u' = √(2/π)·(1 + 3·0.044715·x²)
 
 Accumulator: none (no reduction). float64 x is computed in float64 arithmetic; float32 x in
-float32 arithmetic, but for the tanh form's u, its exponent's reduction and 1/(1 + e), which
-are float64 (FLOAT32 below). The forms are chosen for the tails:
+float32 arithmetic, but for the tanh form's u, its exponent's reduction and 1/(1 + e), and the
+normal form's forward after exp(−a²/2), which are float64 (FLOAT32 below). The forms are chosen for the tails:
 ½·erfc(−x/√2) is ½·(1 + erf(x/√2)) without its cancellation for x ≪ 0 (PyTorch's float32 loses
 most digits of GELU(−5) that way), and the tanh form goes through e = exp(−2|u|) ≤ 1, which
 never overflows: Φ = 1/(1 + e) or e/(1 + e) by the sign of u, and Φ·(1 − Φ) = e/(1 + e)².
@@ -62,7 +62,8 @@ u's rounding), as before. (The kernel this replaced, math.erfc of a rounded x/�
 FLOAT32. The same forms in float32 arithmetic, with twice float64's lanes: against rounding
 float64 results, forward / backward of 3.1M elements on one Zen 3 core (thread CPU time), "none"
 21.9 / 19.7 -> 5.6 / 5.6 ms, tanh 12.2 / 14.6 -> 7.4 / 10.0 ms (PyTorch's float32: 2.9 / 4.4,
-11.2 / 11.3 ms). `python -m benchmarks --ops gelu` times it against PyTorch.
+11.2 / 11.3 ms; the normal forward's float64 steps, added later, cost it 1.65×).
+`python -m benchmarks --ops gelu` times it against PyTorch.
 Where float32 would round where the result is sensitive:
 * the normal form's exp(−a²/2) splits a² as the float64 form does, with ah of 12 significant
   bits (ah² exact in float32; the rest, below 0.06, joins the reduced argument), and reduces
@@ -73,13 +74,19 @@ Where float32 would round where the result is sensitive:
   one rounding (float32 divisions and products there left the slope 2.2 ulps of its terms from
   the truth on [−1, 1], PyTorch's 1.9).
 The normal form's g(y) is its own degree-11 polynomial over a in [0, 15] (beyond, GELU rounds to
-−0 or x in float32), with y, 1/(4 + a) (Fast2Sum as above) and the products in float32. x·Φ for
-x >= 0 is x − x·Q, one rounding. Measured against the float64 truth on 20001 float32 x per
-region (tests/test_gelu.py, which also measures PyTorch 2.13's float32 on the same x and bounds
-ours by it), in ulps of GELU, and of |Φ| + |x·Φ'| for the slope (whose root near x = −0.75 leaves
-any float32 evaluation no relative digits): "none" GELU within 5.5 ulps (PyTorch: 8.8 on [−1, 1],
-all digits lost below −1, where its 1 + erf cancels), slope within 4.3 (7.9); tanh GELU within
-1.4 (2.7), slope 1.5 (1.9 on [−1, 1], 4.7 on [1, 5]). On the Zen 3, one thread.
+−0 or x in float32). The backward's slope computes y, 1/(4 + a) (Fast2Sum as above), g and the
+products in float32; the forward computes exp(−a²/2) in float32 and the rest -- y, 1/(4 + a),
+g (the same float32 coefficients), the products -- in float64 (tail_ratio_f32_wide), rounding
+GELU once: all in float32 it was 4.6 ulps from the truth on [−1, 1], where PyTorch's float32 on
+AVX-512 CPUs is within 2.2 (on AVX2 ones, 8.8); the float64 steps cost the float32 forward
+about 1.65× its time (3.0 -> 5.0 ms on 3.1M elements, one Zen 4 thread). x·Φ for x >= 0 is
+x − x·Q, one rounding. Measured against the float64 truth on 20001 float32 x per region
+(tests/test_gelu.py, which also measures PyTorch 2.13's float32 on the same x and bounds ours by
+it), in ulps of GELU, and of |Φ| + |x·Φ'| for the slope (whose root near x = −0.75 leaves any
+float32 evaluation no relative digits), on a Zen 4 (PyTorch's figures in parentheses): "none"
+GELU within 1.2 ulps on [−1, 1] (2.2) and 2.1 everywhere (PyTorch loses all digits below −1,
+where its 1 + erf cancels), slope within 4.3 (7.9); tanh GELU within 1.4 (2.7), slope 1.4 (1.9
+on [−1, 1], 4.7 on [1, 5]).
 
 Edges: where Φ is 0 (x < −38.6 or so, and −inf) GELU is −0, the limit (x·0 would be NaN at −inf);
 where Φ' is 0 (|x| large, ±inf) the x·Φ' term is 0, the limit (inf·0 would be NaN), so
@@ -345,7 +352,8 @@ def half_square_exp_f32(a):
 
 @fma_kernel
 def mills_f32(y):
-    # g(y) by Horner's rule in float32
+    # g(y) by Horner's rule: in float32 for a float32 y (the backward), in float64 with the
+    # same float32 coefficients for a float64 y (the forward: tail_ratio_f32_wide)
     g = F11 * y + F10
     g = g * y + F9
     g = g * y + F8
@@ -370,6 +378,15 @@ def tail_ratio_f32(a):
 
 
 @fma_kernel
+def tail_ratio_f32_wide(a):
+    # tail_ratio_f32 in float64, a float64 result (K + a is exact; one rounding of 1/(K + a)):
+    # for the forward, whose error in float32 -- y's rounding amplified by g, Horner's and the
+    # products' -- was 4.6 ulps of GELU on [-1, 1], twice PyTorch's on AVX-512 CPUs
+    inv = 1.0 / (K + np.float64(a))
+    return mills_f32(2.0 * K * inv - 1.0) * inv
+
+
+@fma_kernel
 def normal_parts_f32(v):
     # (c, f) with Q(|v|) = c·2^−BIAS_F32 and φ(v) = f·2^−BIAS_F32 for one float32 v
     far = abs(v) > FAR_F32                           # also ±inf; False for NaN
@@ -382,16 +399,24 @@ def normal_parts_f32(v):
 
 @fma_kernel
 def normal_forward_block_f32(x, out, start, stop):
+    # exp(−a²/2) in float32 (within 0.8 ulp), Q's tail ratio and the products in float64
+    # (tail_ratio_f32_wide), so GELU rounds to float32 once: within 2.1 ulps everywhere (the
+    # float32 products gave 4.9). The backward's slope stays in float32 (normal_parts_f32)
     x, out = x[start:stop], out[start:stop]         # (an index from 0 up: see ADDRESSING)
     for t in range(x.shape[0]):
         v = x[t]
-        c, _ = normal_parts_f32(v)
+        far = abs(v) > FAR_F32                      # also ±inf; False for NaN
+        a = F32(0.0) if far else abs(v)
+        p, s = half_square_exp_f32(a)
+        c = (np.float64(p) * np.float64(s)) * tail_ratio_f32_wide(a)   # (s: a power of 2)
+        c = 0.0 if far else c
+        w = np.float64(v)
         if v < F32(0.0):
-            y = (v * c) * UNBIAS_F32 if c != F32(0.0) else F32(-0.0)
+            y = (w * c) * UNBIAS_F32_64 if c != 0.0 else -0.0
         else:                                       # x·Φ = x − x·Q, rounded once; x itself
-            y = v - (v * c) * UNBIAS_F32            # for ±0 (−0 − −0 is +0) and where c is 0
-            y = v if (v == F32(0.0)) | (c == F32(0.0)) else y   # (+inf: inf·0 is NaN)
-        out[t] = y
+            y = w - (w * c) * UNBIAS_F32_64         # for ±0 (−0 − −0 is +0) and where c is 0
+            y = w if (v == F32(0.0)) | (c == 0.0) else y   # (+inf: inf·0 is NaN)
+        out[t] = F32(y)
 
 
 @fma_kernel
