@@ -20,8 +20,9 @@ b. tests/test_call_maps.py checks every name and arrow::
     pack_query_block -> pack_lanes, pack_columns
     backward_pair  -> backward_tiles, rows_seeing, micro_kernel, add_tile
     backward_tiles -> micro_kernel, softcap_tile, mask_tile, exp_nonpositive_native, keep_tile
-    mask_tile      -> every_key_visible, mask_keys, alibi_row
-    every_key_visible, mask_keys -> key_start, key_end
+    mask_tile      -> every_key_visible, mask_keys, visible_keys, alibi_row
+    mask_keys      -> visible_keys
+    every_key_visible, visible_keys -> key_start, key_end
     keep_tile      -> keep
 
 ``micro_kernel`` is the register tile (MR×NR, vector_tile.py); the score modifiers
@@ -203,59 +204,69 @@ def every_key_visible(scores, i0, n_rows, j0, n_keys):
 
 
 @kernel
-def mask_keys(x, at, step, n, width, i, j0, scores, head):
-    # x[at + j·step], the scaled score of query row i and key j0 + j (j < width), becomes -inf
-    # where that key does not take part: past the last key (j >= n: padding), a False in a
-    # bool mask, or outside the row's key_start .. key_end (window, causal diagonal); a float
-    # mask is added. head: the head's mask planes (Lm, Sm), read through their broadcast shape
-    # (head_of). The one masking rule of both layouts: a backward tile's row (mask_tile: step
-    # 1) and a forward panel's query lane (mask_panel: step NR). Returns (lo, visible): keys
-    # j0 + lo .. j0 + visible passed the bounds (a bias applies there, in the caller's layout).
+def visible_keys(scores, i, j0, n):
+    # (lo, visible): keys j0 + lo .. j0 + visible of j0 .. j0 + n lie inside query row i's
+    # key_start .. key_end (none when lo >= visible)
+    return max(key_start(scores, i) - j0, 0), max(min(n, key_end(scores, i) - j0), 0)
+
+
+@kernel
+def mask_keys(x, n_rows, n, i0, j0, scores, head):
+    # x[r, j] (r < n_rows, j < x.shape[1]), the scaled score of query row i0 + r and key j0 +
+    # j, becomes -inf where that key does not take part: past the last key (j >= n: padding),
+    # a False in a bool mask, or outside the row's key_start .. key_end (window, causal
+    # diagonal); a float mask is added. head: the head's mask planes (Lm, Sm), read through
+    # their broadcast shape (head_of). The one masking rule of both layouts, compiled for each:
+    # x is a backward tile (mask_tile: C order) or a forward panel seen as queries × keys
+    # (mask_panel: the transpose of its key-major rows, F order). (Called once per row, with
+    # the records by value, it cost backward 10-20 % with a mask or ALiBi.)
     minus_inf = x.dtype.type(-np.inf)
-    visible = max(min(n, key_end(scores, i) - j0), 0)
-    lo = max(key_start(scores, i) - j0, 0)
-    if scores.mask_kind == BOOL_MASK:
-        bplane = head.bool_plane
-        mrow = bplane[i if bplane.shape[0] > 1 else 0]
-        if mrow.shape[0] == 1:
-            if not mrow[0]:
-                visible = 0
-        else:
-            for j in range(lo, visible):
-                if not mrow[j0 + j]:
-                    x[at + j * step] = minus_inf
-    elif scores.mask_kind == FLOAT_MASK:
-        fplane = head.float_plane
-        frow = fplane[i if fplane.shape[0] > 1 else 0]
-        if frow.shape[0] == 1:
-            for j in range(lo, visible):
-                x[at + j * step] += frow[0]
-        else:
-            for j in range(lo, visible):
-                x[at + j * step] += frow[j0 + j]
-    for j in range(min(lo, visible)):
-        x[at + j * step] = minus_inf
-    for j in range(visible, width):
-        x[at + j * step] = minus_inf
-    return lo, visible
+    width = x.shape[1]
+    for r in range(n_rows):
+        i = i0 + r
+        row = x[r]
+        lo, visible = visible_keys(scores, i, j0, n)
+        if scores.mask_kind == BOOL_MASK:
+            bplane = head.bool_plane
+            mrow = bplane[i if bplane.shape[0] > 1 else 0]
+            if mrow.shape[0] == 1:
+                if not mrow[0]:
+                    visible = 0
+            else:
+                for j in range(lo, visible):
+                    if not mrow[j0 + j]:
+                        row[j] = minus_inf
+        elif scores.mask_kind == FLOAT_MASK:
+            fplane = head.float_plane
+            frow = fplane[i if fplane.shape[0] > 1 else 0]
+            if frow.shape[0] == 1:
+                for j in range(lo, visible):
+                    row[j] += frow[0]
+            else:
+                for j in range(lo, visible):
+                    row[j] += frow[j0 + j]
+        for j in range(min(lo, visible)):
+            row[j] = minus_inf
+        for j in range(visible, width):
+            row[j] = minus_inf
 
 
 @kernel
 def mask_tile(tile, i0, rows, j0, cols, scores, head):
-    # mask_keys on each row of a backward tile: tile[r, c] is the scaled score of query i0 + r
-    # and key j0 + c; rows past `rows` and keys past `cols` are padding (-inf). Then ALiBi's
-    # bias on each row's visible keys.
+    # mask_keys on a backward tile: tile[r, c] is the scaled score of query i0 + r and key
+    # j0 + c; rows past `rows` and keys past `cols` are padding (-inf). Then ALiBi's bias on
+    # each row's keys inside its bounds (a masked one stays -inf).
     if rows >= MR and cols >= NR and every_key_visible(scores, i0, MR, j0, NR):
         return
     cols = min(cols, NR)
-    for r in range(MR):
-        row = tile[r]
-        if r >= rows:
-            row[:] = tile.dtype.type(-np.inf)
-            continue
-        lo, visible = mask_keys(row, 0, 1, cols, NR, i0 + r, j0, scores, head)
-        if scores.alibi and lo < visible:
-            alibi_row(row[lo:visible], head.slope, i0 + r + scores.offset, j0 + lo)
+    n_rows = min(rows, MR)
+    mask_keys(tile, n_rows, cols, i0, j0, scores, head)
+    tile[n_rows:] = tile.dtype.type(-np.inf)
+    if scores.alibi:
+        for r in range(n_rows):
+            lo, visible = visible_keys(scores, i0 + r, j0, cols)
+            if lo < visible:
+                alibi_row(tile[r, lo:visible], head.slope, i0 + r + scores.offset, j0 + lo)
 
 
 @kernel
@@ -280,13 +291,14 @@ def add_tile(tile, dst, r0, rows, c0, width):
 
 @kernel
 def mask_panel(pt, n_keys, i0, rows, j0, scores, head):
-    # mask_keys on each query lane of a forward panel: pt[j·NR + c] is the scaled score of
-    # query i0 + c and key j0 + j (j < n_keys). Queries past `rows` are padding: left alone
-    # (but for the bias, harmless). Then ALiBi's bias across the lanes.
+    # mask_keys on a forward panel, seen as queries × keys (the transpose of its rows):
+    # pt[j·NR + c] is the scaled score of query i0 + c and key j0 + j (j < n_keys). Queries
+    # past `rows` are padding: left alone (but for the bias, harmless). Then ALiBi's bias
+    # across the lanes.
     if every_key_visible(scores, i0, NR, j0, n_keys):
         return
-    for c in range(min(NR, rows)):
-        mask_keys(pt, c, NR, n_keys, n_keys, i0 + c, j0, scores, head)
+    mask_keys(pt[:n_keys * NR].reshape(n_keys, NR).T, min(NR, rows), n_keys, i0, j0, scores,
+              head)
     if scores.alibi:             # after the -inf (which it keeps), across the lanes: vectorised
         alibi_panel(pt, NR, n_keys, head.slope, i0 + scores.offset, j0)
 
