@@ -3,6 +3,7 @@
     python -m benchmarks.gpt_profile              # the baby config (4 layers, C 128, T 64, B 12)
     python -m benchmarks.gpt_profile --six        # the 6-layer one (6, 6, 384, T 256, B 8)
     python -m benchmarks.gpt_profile --quick      # 1 layer, C 32, T 16, B 2: seconds (a smoke run)
+    python -m benchmarks.gpt_profile --torch      # and PyTorch's step, op group by op group
 
 The model, batch and AdamW are ``benchmarks/bench_gpt.py``'s train-step case (dropout 0,
 vocab 65), and the generation is its generate case (a prompt, then one token at a time through
@@ -33,12 +34,25 @@ longer add up. Over whole steps they do: the glue row is each step's rest, and i
 nothing was counted twice. The unwrapped steps are measured too, alternating with the wrapped
 ones: the difference is the profile's own cost.
 
+**Against PyTorch** (``--torch``, when PyTorch is importable): the same training step of
+bench_gpt's PyTorch peer (``torch_gpt``: the same weights, batch and AdamW), profiled by
+``torch.profiler`` on the same number of threads, its ATen ops put in the same groups
+(``TORCH_GROUPS``: ``aten::mm``/``addmm`` and the bias gradient's ``aten::sum`` are the
+linear layer's GEMMs, ``_scaled_dot_product_flash_attention_for_cpu`` and its backward the
+attention, and so on; everything under ``Optimizer.step#AdamW.step`` is AdamW). A third table
+puts the two side by side, ms per step and PyTorch / npattn per group (> 1: npattn's op is
+faster), which is the list of ops where npattn is behind PyTorch on the very shapes the GPT
+runs. The profiler costs PyTorch more per op than the wrappers cost npattn (it records every
+ATen call): its unprofiled steps, alternating with the profiled ones, are printed beside it,
+and the glue row absorbs the difference.
+
 The GPT calls no standalone softmax: attention's softmax is inside the fused SDPA kernels
 (``attention fwd``/``bwd``; ``attention decode``: a generated token's row against the KV
 cache, ``scaled_dot_product_attention_with_kv_cache``), and sampling's is NumPy in ``GPT._sample`` (the ``sampling`` row).
 """
 import argparse
 import importlib
+import math
 import statistics
 import sys
 import time
@@ -76,6 +90,22 @@ METHODS = (
     ("npattn.optim", "AdamW", "step", "AdamW"),
     ("npattn.models.gpt", "GPT", "_sample", "sampling (NumPy)"),
 )
+
+#: PyTorch's side (--torch): {ATen op: group} by the op's self time; everything inside the
+#: optimizer's step is AdamW. The bias gradient is an aten::sum under AddmmBackward0, as npattn's
+#: linear_backward sums it (column_sum_kernel); other aten::sum calls are few and small.
+TORCH_GROUPS = {
+    "aten::mm": "linear (GEMM)", "aten::addmm": "linear (GEMM)", "aten::sum": "linear (GEMM)",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "attention fwd",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention bwd",
+    "aten::native_layer_norm": "layer_norm", "aten::native_layer_norm_backward": "layer_norm",
+    "aten::gelu": "gelu", "aten::gelu_backward": "gelu",
+    "aten::_log_softmax": "cross_entropy", "aten::_log_softmax_backward_data": "cross_entropy",
+    "aten::nll_loss_forward": "cross_entropy", "aten::nll_loss_backward": "cross_entropy",
+    "aten::embedding_dense_backward": "embedding", "aten::index_select": "embedding",
+    "aten::native_dropout": "dropout", "aten::native_dropout_backward": "dropout",
+}
+TORCH_OPTIMIZER = "Optimizer.step#AdamW.step"
 
 
 class Recorder:
@@ -230,9 +260,10 @@ class Profile:
         return "\n".join(out)
 
 
-def _measure(profile, recorder, run, steps):
+def _measure(profile, recorder, run, steps, also=None):
     """run() once to warm up, then ``steps`` times wrapped (``profile.add``) and ``steps``
-    times bare (``profile.plain``), alternating, so that drift hits both alike."""
+    times bare (``profile.plain``), alternating, so that drift hits both alike. ``also``: a
+    function called once after each pair (another workload measured in the same rounds)."""
     with patched(recorder):
         run()                                       # warm-up: kernels load (or compile)
     for _ in range(steps):
@@ -244,11 +275,13 @@ def _measure(profile, recorder, run, steps):
         start = time.perf_counter()
         run()
         profile.plain.append(time.perf_counter() - start)
+        if also is not None:
+            also()
 
 
-def profile_train(sizes, steps, recorder=None):
+def profile_train(sizes, steps, recorder=None, also=None):
     """Profile of ``steps`` training steps of bench_gpt's train-step case at ``sizes`` =
-    (n_layer, n_head, n_embd, block_size, batch)."""
+    (n_layer, n_head, n_embd, block_size, batch); ``also`` as for _measure."""
     from npattn import optim
     from npattn.models import GPT
 
@@ -269,7 +302,7 @@ def profile_train(sizes, steps, recorder=None):
         opt.step()
     profile = Profile(f"train step L{n_layer} H{n_head} C{n_embd} T{block_size} B{batch}",
                       "step")
-    _measure(profile, recorder or Recorder(), step, steps)
+    _measure(profile, recorder or Recorder(), step, steps, also)
     return profile
 
 
@@ -288,6 +321,93 @@ def profile_generate(sizes, steps, recorder=None):
     return profile
 
 
+def torch_groups(events):
+    """{group: self CPU seconds} of a torch.profiler run's events (TORCH_GROUPS; AdamW: every
+    event inside the optimizer's step). Events of no group are left out: the glue."""
+    seconds = dict.fromkeys(GROUPS, 0.0)
+    for event in events:
+        parent, in_step = event, False
+        while parent is not None and not in_step:
+            in_step = parent.name == TORCH_OPTIMIZER
+            parent = parent.cpu_parent
+        group = "AdamW" if in_step else TORCH_GROUPS.get(event.name)
+        if group is not None:
+            seconds[group] += event.self_cpu_time_total * 1e-6
+    return seconds
+
+
+def torch_train(sizes):
+    """bench_gpt's PyTorch peer of the training step at ``sizes``, warmed up: (its Profile,
+    a function that adds one step profiled by torch.profiler -- the groups' seconds -- and one
+    unprofiled step to it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from npattn.models import GPT
+
+    from .bench_gpt import BETAS, LR, VOCAB, config, decay_groups, torch_peer
+    n_layer, n_head, n_embd, block_size, batch = sizes
+    cfg = config(n_layer, n_head, n_embd, block_size)
+    peer = torch_peer(torch, cfg, GPT(cfg, rng=0, seed=0).state_dict())
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.integers(0, VOCAB, (batch, block_size)))
+    y = torch.from_numpy(rng.integers(0, VOCAB, (batch, block_size)))
+    params = list(peer.parameters())
+    opt = torch.optim.AdamW(decay_groups([p for p in params if p.dim() >= 2],
+                                         [p for p in params if p.dim() < 2]), lr=LR, betas=BETAS)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        _, loss = peer(x, y)
+        loss.backward()
+        opt.step()
+    result = Profile(f"PyTorch {torch.__version__} train step L{n_layer} H{n_head} "
+                     f"C{n_embd} T{block_size} B{batch}", "step")
+    step()                                          # warm-up
+
+    def one_round():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            step()
+            took = time.perf_counter() - start
+        seconds = torch_groups(prof.events())
+        result.totals.append(took)
+        for g in GROUPS:
+            result.seconds[g].append(seconds[g])
+            result.calls[g].append(0)
+        start = time.perf_counter()
+        step()
+        result.plain.append(time.perf_counter() - start)
+    return result, one_round
+
+
+def side_by_side(ours, theirs):
+    """The npattn and PyTorch training-step profiles as one table: ms per step each (means
+    over each one's quieter half) and PyTorch / npattn per group."""
+    keep = {id(p): p.quiet() for p in (ours, theirs)}
+
+    def ms(profile, values):
+        rows = keep[id(profile)]
+        return sum(values[i] for i in rows) / len(rows) * 1e3
+    out = [f"**{ours.name} against {theirs.name}**: ms per step, each the mean of its quieter "
+           f"half of the steps; PyTorch's ATen ops timed by torch.profiler (its unprofiled "
+           f"step: {statistics.mean(sorted(theirs.plain)[:len(keep[id(theirs)])]) * 1e3:.2f} "
+           f"ms), npattn's by the wrappers", "",
+           "| op | npattn ms | PyTorch ms | PyTorch / npattn |", "|---|---:|---:|---:|"]
+    totals = [ms(p, p.totals) for p in (ours, theirs)]
+    rest = list(totals)
+    for g in GROUPS:
+        a, b = ms(ours, ours.seconds[g]), ms(theirs, theirs.seconds[g])
+        rest = [rest[0] - a, rest[1] - b]
+        if a or b:
+            ratio = f"{b / a:.2f}×" if a and b else "—"     # (an op one side does not run)
+            out.append(f"| {g} | {a:.3f} | {b:.3f} | {ratio} |")
+    out.append(f"| {GLUE} (the rest) | {rest[0]:.3f} | {rest[1]:.3f} | "
+               f"{rest[1] / rest[0] if rest[0] > 0 else math.inf:.2f}× |")
+    out.append(f"| step | {totals[0]:.3f} | {totals[1]:.3f} | {totals[1] / totals[0]:.2f}× |")
+    return "\n".join(out)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpt_profile",
                                      description=__doc__.splitlines()[0])
@@ -297,6 +417,9 @@ def parse_args(argv):
                            "batch 8) instead of the baby one")
     size.add_argument("--quick", action="store_true",
                       help="1 layer, n_embd 32, block 16, batch 2, 5 steps: a smoke run")
+    parser.add_argument("--torch", action="store_true",
+                        help="also profile PyTorch's training step (the same model, batch and "
+                             "AdamW, torch.profiler) and print the two side by side")
     parser.add_argument("--steps", type=int, default=None,
                         help="profiled steps (and generations) after the warm-up "
                              "(default 11; 5 with --quick)")
@@ -316,14 +439,22 @@ def main(argv=None):
     train, gen = ((TRAIN_QUICK, GEN_QUICK) if args.quick else (SIX, GEN_SIX) if args.six
                   else (BABY, GEN_BABY))
     steps = args.steps or (5 if args.quick else 11)
+    peer = one_round = None
+    if args.torch:          # before npattn's first launch: PyTorch's OpenMP pool, started
+        import torch        # after Numba's, ran its step ~30× slower here (2 CPUs, Zen 4)
+        torch.set_num_threads(numba.get_num_threads())
+        peer, one_round = torch_train(train)
     recorder = Recorder()
     cost = wrapper_cost(recorder)
-    profiles = [profile_train(train, steps, recorder), profile_generate(gen, steps, recorder)]
+    profiles = [profile_train(train, steps, recorder, also=one_round),   # rounds interleaved
+                profile_generate(gen, steps, recorder)]
     print(f"npattn GPT per-op profile, float32, {steps} steps after a warm-up\n"
           f"{cpu_model()}; {numba.get_num_threads()} threads; Numba {numba.__version__}; "
           f"commit {git_commit()}\ncommand: python -m benchmarks.gpt_profile {' '.join(argv)}")
     for profile in profiles:
         print("\n" + profile.table(cost))
+    if peer is not None:
+        print("\n" + side_by_side(profiles[0], peer))
     return 0
 
 

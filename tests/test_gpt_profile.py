@@ -125,3 +125,30 @@ def test_bad_steps_exit_2_naming_the_argument(capsys):
         gpt_profile.main(["--quick", "--steps", "0"])
     assert exit_.value.code == 2
     assert "--steps" in capsys.readouterr().err
+
+
+def test_torch_side_by_side_gives_each_group_its_aten_ops(torch):
+    """``--torch``: PyTorch's step profiled and put in npattn's groups. Every group whose op
+    PyTorch's GPT runs must get time, and the rows must not add up to more than the step
+    (planted: ``aten::_scaled_dot_product_flash_attention_for_cpu`` dropped from
+    TORCH_GROUPS left attention fwd at 0 and failed here)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert gpt_profile.main(["--quick", "--torch", "--steps", "2"]) == 0
+    text = out.getvalue()
+    assert "against PyTorch" in text
+    rows = {}
+    for line in text[text.index("against PyTorch"):].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 4 and cells[0] != "op" \
+                and not cells[1].startswith("-"):
+            rows[cells[0]] = (float(cells[1]), float(cells[2]))
+    ran = ["linear (GEMM)", "attention fwd", "attention bwd", "layer_norm", "gelu",
+           "cross_entropy", "embedding", "AdamW"]
+    assert all(rows[g][1] > 0 for g in ran), rows
+    rest = rows[f"{gpt_profile.GLUE} (the rest)"]
+    assert rest[0] >= -0.001 and rest[1] >= -0.001
+    step = rows["step"]
+    for side in (0, 1):
+        total = sum(ms[side] for name, ms in rows.items() if name != "step")
+        assert total == pytest.approx(step[side], rel=1e-3, abs=0.01)
