@@ -112,7 +112,7 @@ def npattn_worker(spec):
 def torch_worker(spec):
     import torch
     from npattn.models import GPT
-    from .bench_gpt import BETAS, LR, config, decay_groups, torch_peer
+    from .bench_gpt import config, torch_peer, torch_train_step
     torch.set_num_threads(spec["threads"])
     rank = int(os.environ.get("PMI_RANK", 0))
     size = int(os.environ.get("PMI_SIZE", 1))
@@ -126,15 +126,7 @@ def torch_worker(spec):
     x, y = (torch.from_numpy(a) for a in _batch(cfg, batch))
     rows = batch // size
     x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(decay_groups([p for p in params if p.dim() >= 2],
-                                         [p for p in params if p.dim() < 2]), lr=LR, betas=BETAS)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
-        loss.backward()
-        opt.step()
+    step, opt = torch_train_step(torch, model, x, y)
 
     def barrier():
         if size > 1:

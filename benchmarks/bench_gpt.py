@@ -65,6 +65,23 @@ def decay_groups(params_2d, params_1d):
             {"params": params_1d, "weight_decay": 0.0}]
 
 
+def torch_train_step(torch, model, x, y):
+    """(step, optimizer): one PyTorch training step of ``model`` on the batch (x, y) as a
+    function -- zero_grad, forward, backward, AdamW (decay_groups, LR, BETAS) -- returning the
+    logits and the loss, detached; and its AdamW."""
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(decay_groups([p for p in params if p.dim() >= 2],
+                                         [p for p in params if p.dim() < 2]), lr=LR, betas=BETAS)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return logits.detach(), loss.detach()
+    return step, opt
+
+
 def torch_peer(torch, cfg, state):
     """The PyTorch model with npattn's weights (float32)."""
     peer = torch_gpt(torch, cfg)
@@ -98,19 +115,8 @@ def gpt_train_step(torch, n_layer, n_head, n_embd, block_size, batch):
     impls = {"npattn": ours}
     if torch is not None:
         peer = torch_peer(torch, cfg, model.state_dict())
-        tparams = list(peer.parameters())
-        topt = torch.optim.AdamW(decay_groups([p for p in tparams if p.dim() >= 2],
-                                              [p for p in tparams if p.dim() < 2]),
-                                 lr=LR, betas=BETAS)
-        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-
-        def theirs():
-            topt.zero_grad(set_to_none=True)
-            logits, loss = peer(tx, ty)
-            loss.backward()
-            topt.step()
-            return logits.detach(), loss.detach()
-        impls["PyTorch"] = theirs
+        impls["PyTorch"] = torch_train_step(torch, peer, torch.from_numpy(x),
+                                            torch.from_numpy(y))[0]
     tokens = batch * block_size
     flops = tokens * (6 * n_params(cfg) + 12 * n_layer * n_embd * block_size)
     return Bench(_label("train step", cfg, f"B{batch}"), flops=flops, impls=impls,

@@ -345,22 +345,14 @@ def torch_train(sizes):
 
     from npattn.models import GPT
 
-    from .bench_gpt import BETAS, LR, VOCAB, config, decay_groups, torch_peer
+    from .bench_gpt import VOCAB, config, torch_peer, torch_train_step
     n_layer, n_head, n_embd, block_size, batch = sizes
     cfg = config(n_layer, n_head, n_embd, block_size)
     peer = torch_peer(torch, cfg, GPT(cfg, rng=0, seed=0).state_dict())
     rng = np.random.default_rng(1)
     x = torch.from_numpy(rng.integers(0, VOCAB, (batch, block_size)))
     y = torch.from_numpy(rng.integers(0, VOCAB, (batch, block_size)))
-    params = list(peer.parameters())
-    opt = torch.optim.AdamW(decay_groups([p for p in params if p.dim() >= 2],
-                                         [p for p in params if p.dim() < 2]), lr=LR, betas=BETAS)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        _, loss = peer(x, y)
-        loss.backward()
-        opt.step()
+    step = torch_train_step(torch, peer, x, y)[0]
     result = Profile(f"PyTorch {torch.__version__} train step L{n_layer} H{n_head} "
                      f"C{n_embd} T{block_size} B{batch}", "step")
     step()                                          # warm-up
