@@ -815,12 +815,28 @@ def layer_norm_args(x, normalized_shape, weight, bias, eps):
     return x, shape, weight, bias, eps
 
 
-def layer_norm_backward_args(dout, x, normalized_shape, weight, bias, eps):
+def layer_norm_backward_args(dout, x, normalized_shape, weight, bias, eps, stats=None):
     x, shape, weight, bias, eps = layer_norm_args(x, normalized_shape, weight, bias, eps)
     dout = float_array("dout", dout)
     same_dtype("dout", dout, "x", x)
     exact_shape("dout", dout, x.shape, "to match x")
-    return contiguous(dout), x, shape, weight, bias, eps
+    if stats is not None:
+        lead = x.shape[:x.ndim - len(shape)]
+        pair = isinstance(stats, (tuple, list))
+        if not pair or len(stats) != 2:
+            got = f"a {type(stats).__name__} of {len(stats)}" if pair else type(stats).__name__
+            raise TypeError(f"stats must be the (mean, rstd) pair layer_norm_forward returned "
+                            f"(return_stats=True) or None; got {got}")
+        checked = []
+        for name, value in zip(("stats[0] (mean)", "stats[1] (rstd)"), stats):
+            value = converted(name, value, "a float64 array")
+            if value.dtype != np.float64:
+                raise TypeError(f"{name} must have dtype float64 (layer_norm_forward's "
+                                f"statistics); got {value.dtype}")
+            exact_shape(name, value, lead, "(x's leading dims)")
+            checked.append(value)
+        stats = contiguous(*checked)
+    return contiguous(dout), x, shape, weight, bias, eps, stats
 
 
 # ---------------------------------------------------------------- gelu

@@ -274,7 +274,8 @@ def _twin_cases(dtype, rng):
             gemm._small_columns(-(-m // 2), n)), (2,)
     for rows, width in [(1, 128), (3, 384), (40, 100)]:
         yield layer_norm_forward_kernel, lambda r=rows, w=width: (
-            f(r, w), f(w), f(w), 1e-5, np.empty((r, w), dtype)), (4,)
+            f(r, w), f(w), f(w), 1e-5, np.empty((r, w), dtype), np.empty(r), np.empty(r)), \
+            (4, 5, 6)
     for size in [17, 512, 4096, 9000]:
         yield gelu_forward_kernel, lambda s=size: (f(s) * 4, False, np.empty(s, dtype)), (2,)
         yield gelu_backward_kernel, lambda s=size: (f(s), f(s) * 4, True,

@@ -93,6 +93,41 @@ def test_backward_matches_reference(case):
         assert_close(dbias, want[2], dtype=x.dtype, n=rows + 1, scale=s_db)
 
 
+@given(case=layer_norm_cases())
+def test_saved_statistics_give_the_same_bits(case):
+    """Forward's statistics (return_stats=True) handed to backward (stats=) give the bits
+    backward gets computing them itself -- they are the same numbers -- and forward's y is the
+    same with or without them. And backward uses them: another sample's statistics give
+    another dx (planted: a kernel that ignored ``stats`` passed the first check alone)."""
+    x, spelled, weight, bias, eps, dout = case
+    k = k_of(spelled)
+    y, stats = layer_norm_forward(x, spelled, weight, bias, eps, return_stats=True)
+    np.testing.assert_array_equal(y, layer_norm_forward(x, spelled, weight, bias, eps))
+    lead = x.shape[:x.ndim - k]
+    assert all(s.dtype == np.float64 and s.shape == lead for s in stats)
+    x64 = f64(x)[0]
+    axes = tuple(range(x.ndim - k, x.ndim))
+    count = math.prod(x.shape[x.ndim - k:])
+    with np.errstate(all="ignore"):                 # (a sample of no entries: 0/0 = NaN)
+        mu = x64.sum(axis=axes) / count
+        rstd = 1 / np.sqrt(((x64 - mu.reshape(mu.shape + (1,) * k)) ** 2).sum(axis=axes)
+                           / count + eps)
+    np.testing.assert_allclose(stats[0], mu, rtol=1e-12, atol=1e-300, equal_nan=True)
+    np.testing.assert_allclose(stats[1], rstd, rtol=1e-12, equal_nan=True)
+    plain = layer_norm_backward(dout, x, spelled, weight, bias, eps)
+    saved = layer_norm_backward(dout, x, spelled, weight, bias, eps, stats=stats)
+    for a, b in zip(plain, saved):
+        if a is None:
+            assert b is None
+        else:
+            np.testing.assert_array_equal(a, b)
+    other = (stats[0] + 1.0, stats[1] * 2.0)                      # not x's statistics
+    wrong = layer_norm_backward(dout, x, spelled, weight, bias, eps, stats=other)[0]
+    finite = np.isfinite(plain[0]) & (np.abs(plain[0]) > 0)
+    if finite.any() and np.isfinite(wrong).all() and count > 1:
+        assert not np.array_equal(wrong[finite], plain[0][finite])
+
+
 def numeric_gradient(f, a, h=1e-6):
     grad = np.zeros_like(a)
     for i in np.ndindex(a.shape):
@@ -301,6 +336,24 @@ def test_rejects_bad_input(args, kw, error, words):
             call()
         for word in words:
             assert word in str(info.value)
+
+
+@pytest.mark.parametrize("stats, error, words", [
+    (np.zeros(2), TypeError, ["stats", "(mean, rstd)", "ndarray"]),
+    ((np.zeros(2),), TypeError, ["stats", "(mean, rstd)", "tuple of 1"]),
+    ((np.zeros(2), np.ones(2), np.ones(2)), TypeError, ["stats", "tuple of 3"]),
+    ((np.zeros(3), np.ones(2)), ValueError, ["stats[0] (mean)", "(2,)", "(3,)"]),
+    ((np.zeros(2), np.ones((2, 1))), ValueError, ["stats[1] (rstd)", "(2,)", "(2, 1)"]),
+    ((np.zeros(2, np.float32), np.ones(2)), TypeError, ["stats[0] (mean)", "float64",
+                                                       "float32"]),
+    ((np.zeros(2), ["a", "b"]), TypeError, ["stats[1] (rstd)", "float64"]),
+    ((np.zeros(2), None), TypeError, ["stats[1] (rstd)", "float64", "object"]),
+])
+def test_backward_rejects_bad_stats(stats, error, words):
+    with pytest.raises(error) as info:
+        layer_norm_backward(np.ones((2, 3)), X, 3, stats=stats)
+    for word in words:
+        assert word in str(info.value)
 
 
 @pytest.mark.parametrize("dout, error, words", [

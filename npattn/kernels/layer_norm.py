@@ -10,6 +10,13 @@ Accumulator: float64 for both dtypes. The statistics are two-pass (the mean, the
 deviations from it -- no E[x²] - E[x]² cancellation), each row is computed in float64 and
 rounded to the input dtype once, at the store.
 
+The forward writes each row's μ and rstd (float64) beside y; the backward takes them (the
+functional layer's ``stats``) or, given none, computes them itself with the same code, so the
+bits are the same either way. It then reads each row twice: once for the two row sums (and the
+row's share of dw, db), once for dx, recomputing x̂ and ĝ from x and dout rather than storing
+them (measured on Zen 4, one thread, (2048, 384) float32: 698 µs before, 473 with saved
+statistics and the recomputation, 631 with the recomputation alone; the same bits).
+
 dw and db are reduced deterministically: the rows are cut into blocks whose size depends only
 on N (``row_blocks``); each block's partial sums are one ``prange`` iteration's, over its rows
 in order, and the blocks' partials are then summed in block order, one column per owner. The
@@ -53,50 +60,62 @@ def row_stats(row, eps):
 
 
 @parallel_kernel(twin=True)
-def layer_norm_forward_kernel(x, weight, bias, eps, out):
-    # x (N, D), weight (D,), bias (D,) -> out (N, D): out = (x - μ)·rstd ∘ weight + bias per row
+def layer_norm_forward_kernel(x, weight, bias, eps, out, means, rstds):
+    # x (N, D), weight (D,), bias (D,) -> out (N, D): out = (x - μ)·rstd ∘ weight + bias per
+    # row, and each row's μ and rstd: means, rstds (N,) float64
     n_rows, width = x.shape
     size, n_blocks = row_blocks(n_rows)
     for blk in prange(n_blocks):                 # each iteration owns `size` rows of out
         for n in range(blk * size, min(blk * size + size, n_rows)):
             row = x[n]
             mean, rstd = row_stats(row, eps)
+            means[n] = mean
+            rstds[n] = rstd
             for k in range(width):
                 xhat = (np.float64(row[k]) - mean) * rstd
                 out[n, k] = xhat * np.float64(weight[k]) + np.float64(bias[k])
 
 
 @parallel_kernel
-def layer_norm_backward_kernel(dout, x, weight, eps, dx, dweight, dbias):
+def layer_norm_backward_kernel(dout, x, weight, eps, means, rstds, dx, dweight, dbias):
     # forward was: out[n, k] = (x[n, k] - μ_n)·rstd_n·weight[k] + bias[k]
-    # dout, x (N, D), weight (D,) -> dx (N, D), dweight (D,), dbias (D,)
+    # dout, x (N, D), weight (D,), forward's means and rstds (N,) float64 -- or (0,) each:
+    # computed here -> dx (N, D), dweight (D,), dbias (D,)
     n_rows, width = x.shape
+    saved = means.shape[0] == n_rows
     size, n_blocks = row_blocks(n_rows)
     part_w = np.empty((n_blocks, width), np.float64)   # Σ dout ∘ x̂ over each block's rows
     part_b = np.empty((n_blocks, width), np.float64)   # Σ dout over each block's rows
     for blk in prange(n_blocks):                 # each iteration owns `size` rows of dx and
-        xhat = np.empty(width, np.float64)       # one row of each partial
-        ghat = np.empty(width, np.float64)       # dout ∘ weight
+        w64 = np.empty(width, np.float64)        # one row of each partial
+        for k in range(width):
+            w64[k] = weight[k]
         pw = part_w[blk]
         pb = part_b[blk]
         pw[:] = 0.0
         pb[:] = 0.0
         for n in range(blk * size, min(blk * size + size, n_rows)):
-            mean, rstd = row_stats(x[n], eps)
-            sum_g = 0.0                          # Σ_k ĝ_k
+            xr, dr, dxr = x[n], dout[n], dx[n]
+            if saved:
+                mean, rstd = means[n], rstds[n]
+            else:
+                mean, rstd = row_stats(xr, eps)
+            sum_g = 0.0                          # Σ_k ĝ_k, ĝ = dout ∘ weight
             sum_gx = 0.0                         # Σ_k ĝ_k·x̂_k
             for k in range(width):
-                d = np.float64(dout[n, k])
-                xhat[k] = (np.float64(x[n, k]) - mean) * rstd
-                ghat[k] = d * np.float64(weight[k])
-                sum_g += ghat[k]
-                sum_gx += ghat[k] * xhat[k]
-                pw[k] += d * xhat[k]
+                d = np.float64(dr[k])
+                xhat = (np.float64(xr[k]) - mean) * rstd
+                ghat = d * w64[k]
+                sum_g += ghat
+                sum_gx += ghat * xhat
+                pw[k] += d * xhat
                 pb[k] += d
             mean_g = sum_g / width
             mean_gx = sum_gx / width
-            for k in range(width):
-                dx[n, k] = rstd * (ghat[k] - mean_g - xhat[k] * mean_gx)
+            for k in range(width):               # x̂ and ĝ again: cheaper than storing them
+                xhat = (np.float64(xr[k]) - mean) * rstd
+                ghat = np.float64(dr[k]) * w64[k]
+                dxr[k] = rstd * (ghat - mean_g - xhat * mean_gx)
     for blk in prange((width + COLS - 1) // COLS):   # each iteration owns COLS columns
         for k in range(blk * COLS, min(blk * COLS + COLS, width)):
             acc_w = 0.0

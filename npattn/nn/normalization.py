@@ -49,15 +49,16 @@ class LayerNorm(Module):
         if self.weight is not None:
             x = _checks.float_input("x", x, self.weight.dtype, "LayerNorm")
         weight, bias = self._arrays()
-        y = layer_norm_forward(x, self.normalized_shape, weight, bias, self.eps)
-        self._saved = x
+        y, stats = layer_norm_forward(x, self.normalized_shape, weight, bias, self.eps,
+                                      return_stats=True)
+        self._saved = (x, stats)                  # backward reuses the statistics
         return y                                                   # x's shape
 
     def backward(self, dout):
-        x = self._saved_for_backward()
+        x, stats = self._saved_for_backward()
         weight, bias = self._arrays()
         dx, dweight, dbias = layer_norm_backward(dout, x, self.normalized_shape, weight, bias,
-                                                 self.eps)
+                                                 self.eps, stats=stats)
         if self.weight is not None:
             self.weight.accumulate(dweight)
         if self.bias is not None:
