@@ -15,6 +15,12 @@ Every exp is of a number <= 0 (``kernels/exp.py``), so logits up to ±1e30 are f
 has p = 0 (and makes a smoothed loss inf, as in PyTorch); a row whose every logit is -inf, or
 with a NaN or +inf, gives NaN -- PyTorch's log_softmax does the same.
 
+Each row is read twice: for its max, then in one vector loop that forms x_c - m, its exp
+(``exp_one``, inlined) and the two sums -- the backward keeps the exps for its third pass, the
+forward keeps nothing. (Measured on Zen 4, (768, 65) and (2048, 65) float32, 2 threads,
+alternating: forward 1.29-1.31×, backward 1.25-1.27× faster than four passes through float64
+scratch rows; the same bits at these shapes.)
+
 Targets: target[n] in [0, C) is a class; anything else is ignored (loss 0, gradient 0, the row
 never read). The functional layer maps ``ignore_index`` to -1 and rejects other values first.
 """
@@ -22,27 +28,37 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .exp import exp_nonpositive
+from .exp import exp_one
 from .softmax import LANES, row_max
 
 ROWS = 16  # rows per parallel work item: the scratch is allocated once per item
 
 
 @kernel
-def row_exp_sum(row, lanes, shifted, e):
-    # For one row (C,): shifted[c] = x_c - m in float64 and e[c] = exp(shifted[c]); returns
-    # (s, Σ_c shifted[c]) with s = Σ_c e[c]. Scratch: lanes (LANES,) of the row's dtype;
-    # shifted, e (C,) float64
+def row_exp_sum(row, lanes):
+    # For one row (C,): (m, s, Σ_c (x_c - m)) with m = max_c x_c in float64 and s = Σ_c exp(x_c
+    # - m), in one vector loop after the max. Scratch: lanes (LANES,) of the row's dtype
     m = np.float64(row_max(row, lanes))        # NaN ignored here; it makes s NaN below
-    for c in range(row.shape[0]):
-        shifted[c] = np.float64(row[c]) - m    # all -inf: -inf - -inf = NaN, as PyTorch
-    exp_nonpositive(shifted, e)
     s = 0.0
     total = 0.0
     for c in range(row.shape[0]):
-        s += e[c]
-        total += shifted[c]
-    return s, total
+        shifted = np.float64(row[c]) - m       # all -inf: -inf - -inf = NaN, as PyTorch
+        s += exp_one(shifted)
+        total += shifted
+    return m, s, total
+
+
+@kernel
+def row_exps(row, lanes, e):
+    # For one row (C,): e[c] = exp(x_c - m) (e (C,) float64) and returns their sum s, as
+    # row_exp_sum (the same s); one vector loop after the max
+    m = np.float64(row_max(row, lanes))
+    s = 0.0
+    for c in range(row.shape[0]):
+        ec = exp_one(np.float64(row[c]) - m)
+        e[c] = ec
+        s += ec
+    return s
 
 
 @parallel_kernel
@@ -51,16 +67,14 @@ def cross_entropy_forward_kernel(x, target, smoothing, loss):
     n_rows, n_cols = x.shape
     for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS entries of loss
         lanes = np.empty(LANES, x.dtype)
-        shifted = np.empty(n_cols, np.float64)
-        e = np.empty(n_cols, np.float64)
         for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
             t = target[n]
             if t < 0 or t >= n_cols:
                 loss[n] = 0.0
                 continue
-            s, total = row_exp_sum(x[n], lanes, shifted, e)
+            m, s, total = row_exp_sum(x[n], lanes)
             log_s = np.log(s)
-            nll = log_s - shifted[t]           # -log p_t
+            nll = log_s - (np.float64(x[n, t]) - m)   # -log p_t
             if smoothing > 0:                  # Σ_c -log p_c = C·log s - Σ_c (x_c - m)
                 loss[n] = (1.0 - smoothing) * nll + smoothing / n_cols * (n_cols * log_s - total)
             else:                              # (no 0·inf = NaN from a -inf logit elsewhere)
@@ -83,7 +97,6 @@ def cross_entropy_backward_kernel(grad, x, target, smoothing, dx):
     n_rows, n_cols = x.shape
     for chunk in prange((n_rows + ROWS - 1) // ROWS):  # each iteration owns ROWS rows of dx
         lanes = np.empty(LANES, x.dtype)
-        shifted = np.empty(n_cols, np.float64)
         e = np.empty(n_cols, np.float64)
         for n in range(chunk * ROWS, min(chunk * ROWS + ROWS, n_rows)):
             t = target[n]
@@ -91,7 +104,7 @@ def cross_entropy_backward_kernel(grad, x, target, smoothing, dx):
                 for c in range(n_cols):
                     dx[n, c] = 0
                 continue
-            s, _ = row_exp_sum(x[n], lanes, shifted, e)
+            s = row_exps(x[n], lanes, e)
             g = grad[n]
             uniform = smoothing / n_cols
             for c in range(n_cols):
