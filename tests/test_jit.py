@@ -52,7 +52,7 @@ FMA_ONLY = {"exp_parts", "exp_one",
             "tanh_backward_block",
             # ... their float32 forms (FLOAT32 in kernels/gelu.py) and exp's float32 series
             "exp_series_f32", "exp_scaled_f32", "half_square_exp_f32", "mills_f32",
-            "tail_ratio_f32", "tail_ratio_f32_wide", "normal_parts_f32", "normal_forward_block_f32",
+            "tail_ratio_f32", "normal_small_f32", "normal_parts_f32", "normal_forward_block_f32",
             "normal_backward_block_f32", "tanh_parts_f32", "tanh_forward_block_f32",
             "tanh_backward_block_f32", "tanh_finish",
             # kernels/tanh.py and the soft cap's loops that inline it

@@ -62,7 +62,7 @@ u's rounding), as before. (The kernel this replaced, math.erfc of a rounded x/�
 FLOAT32. The same forms in float32 arithmetic, with twice float64's lanes: against rounding
 float64 results, forward / backward of 3.1M elements on one Zen 3 core (thread CPU time), "none"
 21.9 / 19.7 -> 5.6 / 5.6 ms, tanh 12.2 / 14.6 -> 7.4 / 10.0 ms (PyTorch's float32: 2.9 / 4.4,
-11.2 / 11.3 ms; the normal forward's float64 steps, added later, cost it 1.65×).
+11.2 / 11.3 ms; the normal forward's split at |x| = 1, below, came later).
 `python -m benchmarks --ops gelu` times it against PyTorch.
 Where float32 would round where the result is sensitive:
 * the normal form's exp(−a²/2) splits a² as the float64 form does, with ah of 12 significant
@@ -75,18 +75,22 @@ Where float32 would round where the result is sensitive:
   the truth on [−1, 1], PyTorch's 1.9).
 The normal form's g(y) is its own degree-11 polynomial over a in [0, 15] (beyond, GELU rounds to
 −0 or x in float32). The backward's slope computes y, 1/(4 + a) (Fast2Sum as above), g and the
-products in float32; the forward computes exp(−a²/2) in float32 and the rest -- y, 1/(4 + a),
-g (the same float32 coefficients), the products -- in float64 (tail_ratio_f32_wide), rounding
-GELU once: all in float32 it was 4.6 ulps from the truth on [−1, 1], where PyTorch's float32 on
-AVX-512 CPUs is within 2.2 (on AVX2 ones, 8.8); the float64 steps cost the float32 forward
-about 1.65× its time (3.0 -> 5.0 ms on 3.1M elements, one Zen 4 thread). x·Φ for x >= 0 is
-x − x·Q, one rounding. Measured against the float64 truth on 20001 float32 x per region
-(tests/test_gelu.py, which also measures PyTorch 2.13's float32 on the same x and bounds ours by
-it), in ulps of GELU, and of |Φ| + |x·Φ'| for the slope (whose root near x = −0.75 leaves any
-float32 evaluation no relative digits), on a Zen 4 (PyTorch's figures in parentheses): "none"
-GELU within 1.2 ulps on [−1, 1] (2.2) and 2.1 everywhere (PyTorch loses all digits below −1,
-where its 1 + erf cancels), slope within 4.3 (7.9); tanh GELU within 1.4 (2.7), slope 1.4 (1.9
-on [−1, 1], 4.7 on [1, 5]).
+products in float32. The forward splits at |x| = 1 (normal_forward_block_f32). Beyond, it takes
+the backward's float32 Q: x·Q for x < −1, x − x·Q for x > 1 (where Q ≤ 0.16 of x·Φ, so Q's
+error reaches GELU a sixth as large). On [−1, 1], where PyTorch's float32 is accurate and the
+all-float32 Q path was 4.6 ulps from the truth, it sums Φ's series: GELU = ½x + t·S(t), t = x²
+= th + tl split exactly (normal_small_f32), ½x + C0·th rounded once and the small rest added to
+it (with th alone, the rounding of t cost 2.2 ulps near x = −1, as much as PyTorch's error).
+Every lane computes both paths and keeps one. Until 2026-12-05 the forward computed all of the
+tail ratio in float64 after a float32 exp (1.2 ulps on [−1, 1], 2.1 everywhere); this is
+1.26-1.28× faster (measured on Zen 4, 0.4M and 3.1M elements, 1 and 2 threads, alternating).
+Measured against the float64 truth on 20001 float32 x per region (tests/test_gelu.py, which
+also measures PyTorch 2.13's float32 on the same x and bounds ours by it), in ulps of GELU, and
+of |Φ| + |x·Φ'| for the slope (whose root near x = −0.75 leaves any float32 evaluation no
+relative digits), on a Zen 4 (PyTorch's figures in parentheses): "none" GELU within 1.5 ulps on
+[−1, 1] (2.2), 1.1 on [1, 5] (4.5) and 4.9 below −1 (PyTorch loses all digits there, where its
+1 + erf cancels), slope within 4.3 (7.9); tanh GELU within 1.4 (2.7), slope 1.4 (1.9 on
+[−1, 1], 4.7 on [1, 5]).
 
 Edges: where Φ is 0 (x < −38.6 or so, and −inf) GELU is −0, the limit (x·0 would be NaN at −inf);
 where Φ' is 0 (|x| large, ±inf) the x·Φ' term is 0, the limit (inf·0 would be NaN), so
@@ -325,6 +329,17 @@ F10 = F32(-1.6130457879626192e-05)
 F11 = F32(-1.476027046010131e-05)
 
 
+# The float32 forward's series for |x| <= 1 (normal_small_f32): Φ(x) − ½ = x·S(x²) with
+# S(t) = C0·Σ_n (−t/2)^n / (n!·(2n + 1)), C0 = 1/√(2π) (erf's Taylor series at x/√2); S1..S8
+# are its terms n = 1..8 over t: the first left out, n = 9, is below 1.2e-10·t^9 (C0 carried
+# in two float32 parts)
+C0_HI = F32(INV_SQRT_2PI)
+C0_LO = F32(INV_SQRT_2PI - float(C0_HI))
+S1, S2, S3, S4, S5, S6, S7, S8 = (F32((-0.5) ** n * INV_SQRT_2PI / (math.factorial(n) * (2 * n + 1)))
+                                  for n in range(1, 9))
+HALF_F32 = F32(0.5)
+TINY_F32 = F32(1e-20)   # below: GELU(x) = ½x to float32's precision (x² ≪ ulp)
+
 @fma_kernel
 def exp_scaled_f32(h):
     # (p, s) with exp(h) = p·s·2^−BIAS_F32 for float64 h in [LOWEST_F32, 0]: the reduction
@@ -352,8 +367,7 @@ def half_square_exp_f32(a):
 
 @fma_kernel
 def mills_f32(y):
-    # g(y) by Horner's rule: in float32 for a float32 y (the backward), in float64 with the
-    # same float32 coefficients for a float64 y (the forward: tail_ratio_f32_wide)
+    # g(y) by Horner's rule in float32
     g = F11 * y + F10
     g = g * y + F9
     g = g * y + F8
@@ -378,15 +392,6 @@ def tail_ratio_f32(a):
 
 
 @fma_kernel
-def tail_ratio_f32_wide(a):
-    # tail_ratio_f32 in float64, a float64 result (K + a is exact; one rounding of 1/(K + a)):
-    # for the forward, whose error in float32 -- y's rounding amplified by g, Horner's and the
-    # products' -- was 4.6 ulps of GELU on [-1, 1], twice PyTorch's on AVX-512 CPUs
-    inv = 1.0 / (K + np.float64(a))
-    return mills_f32(2.0 * K * inv - 1.0) * inv
-
-
-@fma_kernel
 def normal_parts_f32(v):
     # (c, f) with Q(|v|) = c·2^−BIAS_F32 and φ(v) = f·2^−BIAS_F32 for one float32 v
     far = abs(v) > FAR_F32                           # also ±inf; False for NaN
@@ -398,25 +403,45 @@ def normal_parts_f32(v):
 
 
 @fma_kernel
+def normal_small_f32(v):
+    # GELU(v) for float32 |v| <= 1 (any v computes; only those are used), from the series of
+    # Φ: GELU = ½v + t·S(t), t = v², S(t) = (Φ(v) − ½)/v = C0 + t·S1(t) (module docstring):
+    # ½v + C0·t in one rounding, the rest after it. t = th + tl exactly: th = vh², vh = v with
+    # 12 significant bits (vh² exact), tl = (v − vh)·(v + vh), so C0·t misses nothing
+    vh = np.int32(np.float32(v).view(np.int32) & HIGH_BITS_F32).view(np.float32)
+    th = vh * vh
+    tl = (v - vh) * (v + vh)
+    t = th + tl
+    s1 = S8 * t + S7
+    s1 = s1 * t + S6
+    s1 = s1 * t + S5
+    s1 = s1 * t + S4
+    s1 = s1 * t + S3
+    s1 = s1 * t + S2
+    s1 = s1 * t + S1
+    head = C0_HI * th + HALF_F32 * v                # ½v + C0·th, one rounding (fused)
+    rest = (t * s1) * t + (C0_HI * tl + C0_LO * t)   # t²·S1(t) + the rest of C0·t
+    y = head + rest
+    return HALF_F32 * v if abs(v) < TINY_F32 else y  # (keeps the sign of ±0 and -tiny)
+
+
+@fma_kernel
 def normal_forward_block_f32(x, out, start, stop):
-    # exp(−a²/2) in float32 (within 0.8 ulp), Q's tail ratio and the products in float64
-    # (tail_ratio_f32_wide), so GELU rounds to float32 once: within 2.1 ulps everywhere (the
-    # float32 products gave 4.9). The backward's slope stays in float32 (normal_parts_f32)
+    # |x| <= 1: the series (normal_small_f32), within 1.5 ulps; |x| > 1: x·Q or x − x·Q from
+    # the backward's float32 Q (normal_parts_f32), within 1.1 ulps for x > 1 (Q ≤ 0.16 of
+    # x·Φ) and 5 below −1. Both are computed for every lane, then one is selected: a branch
+    # would keep LLVM from vectorising the loop
     x, out = x[start:stop], out[start:stop]         # (an index from 0 up: see ADDRESSING)
     for t in range(x.shape[0]):
         v = x[t]
-        far = abs(v) > FAR_F32                      # also ±inf; False for NaN
-        a = F32(0.0) if far else abs(v)
-        p, s = half_square_exp_f32(a)
-        c = (np.float64(p) * np.float64(s)) * tail_ratio_f32_wide(a)   # (s: a power of 2)
-        c = 0.0 if far else c
-        w = np.float64(v)
+        near = normal_small_f32(v)
+        c, _ = normal_parts_f32(v)                  # Q(|v|) = c·2^−BIAS_F32, 0 where far
         if v < F32(0.0):
-            y = (w * c) * UNBIAS_F32_64 if c != 0.0 else -0.0
-        else:                                       # x·Φ = x − x·Q, rounded once; x itself
-            y = w - (w * c) * UNBIAS_F32_64         # for ±0 (−0 − −0 is +0) and where c is 0
-            y = w if (v == F32(0.0)) | (c == 0.0) else y   # (+inf: inf·0 is NaN)
-        out[t] = F32(y)
+            y = (v * c) * UNBIAS_F32 if c != F32(0.0) else F32(-0.0)
+        else:                                       # x·Φ = x − x·Q; x itself where Q is 0
+            y = v - v * (c * UNBIAS_F32)            # (+inf: inf·0 is NaN)
+            y = v if c == F32(0.0) else y
+        out[t] = near if abs(v) <= F32(1.0) else y
 
 
 @fma_kernel
