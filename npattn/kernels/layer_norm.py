@@ -19,7 +19,9 @@ statistics and the recomputation, 631 with the recomputation alone; the same bit
 
 dw and db are reduced deterministically: the rows are cut into blocks whose size depends only
 on N (``row_blocks``); each block's partial sums are one ``prange`` iteration's, over its rows
-in order, and the blocks' partials are then summed in block order, one column per owner. The
+in order, and the blocks' partials are then summed in block order, each work item owning COLS
+columns and adding one block's row of partials to them at a time (the columns side by side in
+vectors: 1.04-1.10× the backward's speed against a column at a time, the same bits; Zen 4). The
 bits therefore do not depend on the thread count.
 """
 import numpy as np
@@ -34,7 +36,7 @@ from .._jit import kernel, parallel_kernel
 
 MIN_ROWS = 16     # rows per block at least: a block is one parallel work item
 MAX_BLOCKS = 256  # blocks at most: the partial sums of backward take (blocks, D) float64 each
-COLS = 256        # columns per work item when the partials are summed
+COLS = 64         # columns per work item when the partials are summed
 
 
 @kernel
@@ -117,11 +119,16 @@ def layer_norm_backward_kernel(dout, x, weight, eps, means, rstds, dx, dweight, 
                 ghat = np.float64(dr[k]) * w64[k]
                 dxr[k] = rstd * (ghat - mean_g - xhat * mean_gx)
     for blk in prange((width + COLS - 1) // COLS):   # each iteration owns COLS columns
-        for k in range(blk * COLS, min(blk * COLS + COLS, width)):
-            acc_w = 0.0
-            acc_b = 0.0
-            for b in range(n_blocks):            # in block order: the same bits at any count
-                acc_w += part_w[b, k]
-                acc_b += part_b[b, k]
-            dweight[k] = acc_w
-            dbias[k] = acc_b
+        k0 = blk * COLS
+        k1 = min(k0 + COLS, width)
+        acc_w = np.zeros(k1 - k0, np.float64)
+        acc_b = np.zeros(k1 - k0, np.float64)
+        for b in range(n_blocks):                # in block order: the same bits at any count;
+            pw = part_w[b, k0:k1]                # a block's row of partials at a time, so the
+            pb = part_b[b, k0:k1]                # columns' sums run side by side in vectors
+            for k in range(k1 - k0):
+                acc_w[k] += pw[k]
+                acc_b[k] += pb[k]
+        for k in range(k1 - k0):
+            dweight[k0 + k] = acc_w[k]
+            dbias[k0 + k] = acc_b[k]
