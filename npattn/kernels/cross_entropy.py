@@ -51,7 +51,9 @@ def row_exp_sum(row, lanes):
 @kernel
 def row_exps(row, lanes, e):
     # For one row (C,): e[c] = exp(x_c - m) (e (C,) float64) and returns their sum s, as
-    # row_exp_sum (the same s); one vector loop after the max
+    # row_exp_sum (the same s); one vector loop after the max. (row_exp_sum's twin with the
+    # store: one helper whose loop stored only when given a scratch row ran the forward no
+    # faster than the old four passes -- Zen 4, (768, 65) float32, 2 threads: 56 µs, against 42)
     m = np.float64(row_max(row, lanes))
     s = 0.0
     for c in range(row.shape[0]):

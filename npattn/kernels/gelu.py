@@ -335,10 +335,11 @@ F11 = F32(-1.476027046010131e-05)
 # in two float32 parts)
 C0_HI = F32(INV_SQRT_2PI)
 C0_LO = F32(INV_SQRT_2PI - float(C0_HI))
-S1, S2, S3, S4, S5, S6, S7, S8 = (F32((-0.5) ** n * INV_SQRT_2PI / (math.factorial(n) * (2 * n + 1)))
-                                  for n in range(1, 9))
+S1, S2, S3, S4, S5, S6, S7, S8 = (
+    F32((-0.5) ** n * INV_SQRT_2PI / (math.factorial(n) * (2 * n + 1))) for n in range(1, 9))
 HALF_F32 = F32(0.5)
 TINY_F32 = F32(1e-20)   # below: GELU(x) = ½x to float32's precision (x² ≪ ulp)
+
 
 @fma_kernel
 def exp_scaled_f32(h):
