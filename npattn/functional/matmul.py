@@ -15,6 +15,9 @@ def _operands(a, b, batch):
     batch dims become repeated indices, never copies. When b has no batch dims, a's batch is
     folded into M: one (Ba·M, K)·(K, N) product, T = 1.
     """
+    if a.ndim == 2 and b.ndim == 2:            # the common case at once (a sixth of the time)
+        a2, b2 = _checks.contiguous(a, b)
+        return a2[None], b2[None], _ONE, _ONE, (a.shape[0], b.shape[1])
     a_mat = a.reshape(1, a.shape[0]) if a.ndim == 1 else a    # (..., M, K): 1-D a is a row
     b_mat = b.reshape(b.shape[0], 1) if b.ndim == 1 else b    # (..., K, N): 1-D b is a column
     m, k = a_mat.shape[-2:]
@@ -24,8 +27,7 @@ def _operands(a, b, batch):
     if not batch_b:
         a3 = _checks.contiguous(a_mat).reshape(1, math.prod(batch_a) * m, k)  # (1, Ba·M, K)
         b3 = _checks.contiguous(b_mat).reshape(1, k, n)                        # (1, K, N)
-        index = np.zeros(1, dtype=np.int64)
-        return a3, b3, index, index, out_shape
+        return a3, b3, _ONE, _ONE, out_shape
     n_a, n_b = math.prod(batch_a), math.prod(batch_b)
     a3 = _checks.contiguous(a_mat).reshape(n_a, m, k)                          # (Ba, M, K)
     b3 = _checks.contiguous(b_mat).reshape(n_b, k, n)                          # (Bb, K, N)
@@ -33,6 +35,9 @@ def _operands(a, b, batch):
     a_index = np.broadcast_to(np.arange(n_a, dtype=np.int64).reshape(batch_a), batch).flatten()
     b_index = np.broadcast_to(np.arange(n_b, dtype=np.int64).reshape(batch_b), batch).flatten()
     return a3, b3, a_index, b_index, out_shape                                   # index (T,)
+
+
+_ONE = np.zeros(1, dtype=np.int64)      # the index map of one output batch (never written)
 
 
 def _sum_to(grad, batch, stored_batch, stored):

@@ -14,7 +14,9 @@ and arrow::
     rows_item      -> op_b_blocks, start_rows, pack_a_block, block_product
     batched_gemm_kernel => batch_item
     batch_item     -> op_b_blocks, start_rows, pack_b_block, pack_a_block, block_product
-    pack_b_block   -> pack_b_panel    # (a row-major B row by row; Bᵀ and edges by panel)
+    pack_b_block   -> pack_b_panel, copy_nr  # (a row-major B row by row; Bᵀ and edges by panel)
+    pack_b_panel   -> copy_nr, transpose_bt  # the packing copies (vector_pack.py)
+    pack_a_block   -> copy_mr, transpose_mr
     block_product  -> micro_add, micro_kernel     # the MR×NR tile (vector_tile.py)
     small_dot_kernel -> add_four, add_eight
     add_eight      -> add_four
@@ -83,7 +85,7 @@ import numpy as np
 from numba import prange
 
 from .._jit import call_body, kernel, parallel_items, parallel_kernel
-from . import tiles, vector_tile
+from . import tiles, vector_pack, vector_tile
 
 TILE = tiles.tile_of(__name__)   # this instance's tile (see tiles.py)
 MR, NR = TILE.mr, TILE.nr
@@ -119,37 +121,43 @@ NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no
 #: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR), and the same sums added straight into
 #: a whole tile of C (no scratch): explicit vector code (vector_tile.py)
 micro_kernel, micro_add = vector_tile.tiles(MR, NR)
+#: the packing copies (vector_pack.py): A strips of MR, B panels of NR, and a Bᵀ panel's rows
+#: transposed BT at a time (one vector register of the dtype: BT rows of BT columns)
+LANES = tiles.VECTOR_BYTES[TILE.isa] // np.dtype(TILE.dtype).itemsize
+BT = min(NR, LANES)
+copy_mr, transpose_mr = vector_pack.packers(MR, LANES)
+copy_nr = vector_pack.packers(NR, LANES)[0]
+transpose_bt = vector_pack.packers(BT, LANES)[1]
 
 # The blocking follows from the tile: whole strips and panels per block and chunk.
-assert NC % NR == 0 and MC_MAX % MR == 0, (TILE, NC, MC_MAX)
+assert NC % NR == 0 and MC_MAX % MR == 0 and NR % BT == 0, (TILE, NC, MC_MAX)
 
 
 @kernel
 def pack_b_panel(b, ib, trans_b, k0, kc, j0, cols, panel):
     # panel (KC·NR,) <- the kc×NR slice of op(B) at (k0, j0), row-major, zero-padded past C's
-    # last column (rows past kc are never read). Indices go through views that start at 0: an
-    # offset index would need Numba's negative-index guard on every access, and LLVM would not
-    # vectorise the loop.
-    if cols < NR:
-        for p in range(kc):
-            row = panel[p * NR:(p + 1) * NR]
-            for j in range(cols, NR):
-                row[j] = 0
-    if trans_b and cols == NR:                       # op(B)[k, j] = b[ib, j, k]: NR rows
-        src = b[ib, j0:j0 + NR, k0:k0 + kc]          # of b read side by side, one element of
-        for p in range(kc):                          # each per panel row
-            for j in range(NR):
-                panel[p * NR + j] = src[j, p]
-    elif trans_b:
+    # last column (rows past kc are never read). A whole panel is copied as vectors
+    # (vector_pack.py); an edge panel element by element, through views that start at 0 (an
+    # offset index would need Numba's negative-index guard on every access).
+    if cols == NR and trans_b:                       # op(B)[k, j] = b[ib, j, k]: NR rows of
+        n_inner = b.shape[2]                         # b side by side, BT at a time
+        first = (ib * b.shape[1] + j0) * n_inner + k0
+        for q in range(NR // BT):
+            transpose_bt(kc, b, first + q * BT * n_inner, n_inner, panel, q * BT, NR)
+        return
+    if cols == NR:                                   # op(B)[k, j] = b[ib, k, j]: kc rows of
+        n_cols = b.shape[2]                          # NR, one vector each
+        copy_nr(kc, b, (ib * b.shape[1] + k0) * n_cols + j0, n_cols, panel, 0, NR)
+        return
+    for p in range(kc):
+        row = panel[p * NR:(p + 1) * NR]
+        for j in range(cols, NR):
+            row[j] = 0
+    if trans_b:
         src = b[ib, j0:j0 + cols, k0:k0 + kc]
         for j in range(cols):
             for p in range(kc):
                 panel[p * NR + j] = src[j, p]
-    elif cols == NR:                                 # op(B)[k, j] = b[ib, k, j], a whole
-        src = b[ib, k0:k0 + kc, j0:j0 + NR]          # panel: NR a constant, each row copied
-        for p in range(kc):                          # as whole vectors (one view for all rows:
-            for j in range(NR):                      # a view per row cost more than its copy)
-                panel[p * NR + j] = src[p, j]
     else:
         src = b[ib, k0:k0 + kc, j0:j0 + cols]
         for p in range(kc):
@@ -167,13 +175,10 @@ def pack_b_block(b, ib, trans_b, k0, kc, n_cols, panels):
     # panel by panel: each panel's source rows are whole rows of b.
     n_panels = (n_cols + NR - 1) // NR
     whole = n_cols // NR if not trans_b else 0
-    if whole:
-        to = panels[:whole * KC * NR].reshape((whole, KC, NR))
-        src = b[ib, k0:k0 + kc, :]
+    if whole:                                        # row p's whole panels: one vector each
+        row0 = (ib * b.shape[1] + k0) * b.shape[2]
         for p in range(kc):
-            for q in range(whole):
-                for j in range(NR):
-                    to[q, p, j] = src[p, q * NR + j]
+            copy_nr(whole, b, row0 + p * b.shape[2], NR, panels, p * NR, KC * NR)
     for panel in range(whole, n_panels):
         j0 = panel * NR
         pack_b_panel(b, ib, trans_b, k0, kc, j0, min(NR, n_cols - j0),
@@ -184,25 +189,22 @@ def pack_b_block(b, ib, trans_b, k0, kc, n_cols, panels):
 def pack_a_block(a, ia, trans_a, r0, rows, k0, kc, ap):
     # ap <- rows r0 .. r0 + rows of op(A), columns k0 .. k0 + kc, as MR-row strips: strip s
     # holds ap[(s * kc + p) * MR + i]. Rows past the block's end keep stale values: their
-    # results are never stored.
+    # results are never stored. A whole strip is copied as vectors (vector_pack.py).
     for s in range((rows + MR - 1) // MR):
         strip = ap[s * kc * MR:(s + 1) * kc * MR]
         valid = min(MR, rows - s * MR)
-        if trans_a:                                  # op(A)[m, k] = a[ia, k, m]
+        if valid == MR and trans_a:                  # op(A)[m, k] = a[ia, k, m]: kc rows of
+            n_rows = a.shape[2]                      # MR, one vector each
+            copy_mr(kc, a, (ia * a.shape[1] + k0) * n_rows + r0 + s * MR, n_rows, strip, 0, MR)
+        elif valid == MR:                            # op(A)[m, k] = a[ia, m, k]: MR rows of
+            n_inner = a.shape[2]                     # a side by side
+            transpose_mr(kc, a, (ia * a.shape[1] + r0 + s * MR) * n_inner + k0, n_inner,
+                         strip, 0, MR)
+        elif trans_a:
             src = a[ia, k0:k0 + kc, r0 + s * MR:r0 + s * MR + valid]
-            if valid == MR:                          # (MR a constant: whole-row copies)
-                for p in range(kc):
-                    for i in range(MR):
-                        strip[p * MR + i] = src[p, i]
-            else:
-                for p in range(kc):
-                    for i in range(valid):
-                        strip[p * MR + i] = src[p, i]
-        elif valid == MR:                            # op(A)[m, k] = a[ia, m, k], a whole
-            src = a[ia, r0 + s * MR:r0 + s * MR + MR, k0:k0 + kc]   # strip: MR rows at a time
             for p in range(kc):
-                for i in range(MR):
-                    strip[p * MR + i] = src[i, p]
+                for i in range(valid):
+                    strip[p * MR + i] = src[p, i]
         else:
             src = a[ia, r0 + s * MR:r0 + s * MR + valid, k0:k0 + kc]
             for i in range(valid):

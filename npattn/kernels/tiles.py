@@ -65,6 +65,9 @@ ISAS = ("avx2", "avx512")
 DTYPES = ("float32", "float64")
 ENGINES = ("gemm", "attention")          # the modules compiled per tile
 
+#: ISA -> bytes of one vector register (zmm, ymm)
+VECTOR_BYTES = {"avx2": 32, "avx512": 64}
+
 #: (ISA, dtype) -> (MR, NR), the GEMM engine's register tile (see the module docstring)
 TILES = {
     ("avx2", "float32"): (6, 16),
