@@ -6,8 +6,9 @@ runs work item b through its address (``parallel_items(b)``, ``call_body``); ``a
 b. tests/test_call_maps.py checks every name and arrow::
 
     attention_forward_kernel  => forward_item     # prange over (b, h, block of query rows)
-    forward_item   -> head_of, batch_scores, dropout_first, forward_scratch, pack_lanes,
-                      key_start, key_end, forward_pair, finish_rows, finish_weights
+    forward_item   -> head_of, batch_scores, dropout_first, forward_scratch, row_at,
+                      pack_lanes, key_start, key_end, forward_pair, finish_rows,
+                      finish_weights
     forward_pair   -> pack_lanes, pack_columns, ones_row, key_start, key_end, micro_kernel,
                       softcap_scores, mask_panel, store_scores, panel_softmax
     mask_panel     -> every_key_visible, mask_keys, alibi_panel
@@ -15,9 +16,13 @@ b. tests/test_call_maps.py checks every name and arrow::
     finish_rows    -> join_sink
     finish_weights -> exp_nonpositive_native, keep
     attention_backward_kernel => backward_item    # prange over (b, kv head, split of keys)
-    backward_item  -> batch_scores, head_of, dropout_first, key_start, key_end, pack_lanes,
-                      pack_columns, pack_query_block, backward_pair
+    backward_item  -> batch_scores, head_of, dropout_first, key_start, key_end, row_at,
+                      pack_lanes, pack_columns, pack_query_block, backward_pair,
+                      unpack_columns
     pack_query_block -> pack_lanes, pack_columns
+    pack_lanes     -> transpose_mr, transpose_nt    # the packing copies (vector_pack.py)
+    pack_columns   -> copy_mr, copy_nr
+    unpack_columns -> transpose_nt
     backward_pair  -> backward_tiles, rows_seeing, micro_kernel, add_tile
     backward_tiles -> micro_kernel, softcap_tile, mask_tile, exp_nonpositive_native, keep_tile
     mask_tile      -> every_key_visible, mask_keys, visible_keys, alibi_row
@@ -109,7 +114,7 @@ import numpy as np
 from numba import prange
 
 from .._jit import call_body, kernel, parallel_items
-from . import _lane_max, tiles, vector_tile
+from . import _lane_max, tiles, vector_pack, vector_tile
 from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, BlockPair, ForwardScratch,
                               KeyBlock, QueryBlock, Scratch, batch_scores, dropout_first,
                               head_of)
@@ -153,44 +158,108 @@ def forward_block_rows(n_heads, n_rows):
     return rows
 
 
-@kernel
-def pack_lanes(x, r0, rows, lanes, factor, out):
-    # out[(s·W + p)·lanes + r] = x[r0 + s·lanes + r, p]·factor for x (N, W): rows r0 .. r0 +
-    # rows as groups of `lanes` rows, p-major -- query strips (lanes = MR) for the micro-
-    # kernel's A operand, or key panels of kᵀ / vᵀ (lanes = NR) for its B operand. Rows past
-    # `rows` in the last group are zero.
-    width = x.shape[1]
-    zero = out.dtype.type(0)
-    for s in range((rows + lanes - 1) // lanes):
-        group = out[s * width * lanes:(s + 1) * width * lanes]
-        for r in range(lanes):
-            if s * lanes + r < rows:
-                src = x[r0 + s * lanes + r]
-                for p in range(width):
-                    group[p * lanes + r] = src[p] * factor
-            else:
-                for p in range(width):
-                    group[p * lanes + r] = zero
+#: The packing copies (vector_pack.py): rows of MR or NR elements moved as vectors, and MR or
+#: NT rows (NT: one vector register of the dtype, at most NR) transposed in registers
+LANES = tiles.VECTOR_BYTES[TILE.isa] // np.dtype(TILE.dtype).itemsize
+NT = min(NR, LANES)
+copy_mr, transpose_mr = vector_pack.packers(MR, LANES)
+copy_nr = vector_pack.packers(NR, LANES)[0]
+transpose_nt = vector_pack.packers(NT, LANES)[1]
+assert NR % NT == 0, (TILE, NT)
 
 
 @kernel
-def pack_columns(x, r0, rows, lanes, capacity, out):
-    # out[(c·capacity + p)·lanes + j] = x[r0 + p, c·lanes + j] for x (N, W): rows r0 .. r0 +
-    # rows as groups of `lanes` columns, p running over the rows -- v as MR-column strips for
-    # oᵀ += vᵀ·pᵀ, or k, dout and q as NR-column panels for backward's products. Columns past
-    # W are zero.
-    width = x.shape[1]
+def row_at(x, i, h, r):
+    # The flat offset of x[i, h, r, 0] in a C-contiguous stack x (B, H, N, W): where the rows
+    # of head (i, h) that the packing copies read start
+    return ((i * x.shape[1] + h) * x.shape[2] + r) * x.shape[3]
+
+
+@kernel
+def pack_lanes(x, first, rows, lanes, factor, out):
+    # out[(s·W + p)·lanes + r] = x.flat[first + (s·lanes + r)·W + p]·factor for x a
+    # C-contiguous stack of rows of W = x.shape[-1]: `rows` rows from flat offset `first` (one
+    # head's, row_at) as groups of `lanes` rows, p-major -- query strips (lanes = MR) for the
+    # micro-kernel's A operand, or key panels of kᵀ / vᵀ (lanes = NR) for its B operand. A
+    # whole group is transposed as vectors (vector_pack.py) and then scaled in place (the same
+    # rounding as scaling each element as it is copied); the last group element by element,
+    # its rows past `rows` zero.
+    width = x.shape[-1]
+    whole = rows // lanes
+    for s in range(whole):
+        src = first + s * lanes * width
+        if lanes == MR:
+            transpose_mr(width, x, src, width, out, s * width * MR, MR)
+        else:
+            for part in range(0, NR, NT):
+                transpose_nt(width, x, src + part * width, width, out, s * width * NR + part,
+                             NR)
+    if factor != 1.0:
+        for e in range(whole * width * lanes):
+            out[e] = out[e] * factor
+    if whole * lanes == rows:
+        return
+    flat = x.reshape(x.size)
     zero = out.dtype.type(0)
-    for c in range((width + lanes - 1) // lanes):
-        group = out[c * capacity * lanes:(c + 1) * capacity * lanes]
-        cols = min(lanes, width - c * lanes)
-        for p in range(rows):
-            src = x[r0 + p, c * lanes:c * lanes + cols]
-            dst = group[p * lanes:(p + 1) * lanes]
-            for j in range(cols):
-                dst[j] = src[j]
-            for j in range(cols, lanes):
-                dst[j] = zero
+    group = out[whole * width * lanes:(whole + 1) * width * lanes]
+    for r in range(lanes):
+        if whole * lanes + r < rows:
+            src = first + (whole * lanes + r) * width
+            for p in range(width):
+                group[p * lanes + r] = flat[src + p] * factor
+        else:
+            for p in range(width):
+                group[p * lanes + r] = zero
+
+
+@kernel
+def pack_columns(x, first, rows, lanes, capacity, out):
+    # out[(c·capacity + p)·lanes + j] = x.flat[first + p·W + c·lanes + j] for x a C-contiguous
+    # stack of rows of W = x.shape[-1]: `rows` rows from flat offset `first` as groups of
+    # `lanes` columns, p running over the rows -- v as MR-column strips for oᵀ += vᵀ·pᵀ, or k,
+    # dout and q as NR-column panels for backward's products. A whole group's rows are copied
+    # as vectors (vector_pack.py); the last group element by element, its columns past W zero.
+    width = x.shape[-1]
+    whole = width // lanes
+    for c in range(whole):
+        if lanes == MR:
+            copy_mr(rows, x, first + c * MR, width, out, c * capacity * MR, MR)
+        else:
+            copy_nr(rows, x, first + c * NR, width, out, c * capacity * NR, NR)
+    if whole * lanes == width:
+        return
+    flat = x.reshape(x.size)
+    zero = out.dtype.type(0)
+    cols = width - whole * lanes
+    group = out[whole * capacity * lanes:(whole + 1) * capacity * lanes]
+    for p in range(rows):
+        src = first + p * width + whole * lanes
+        dst = group[p * lanes:(p + 1) * lanes]
+        for j in range(cols):
+            dst[j] = flat[src + j]
+        for j in range(cols, lanes):
+            dst[j] = zero
+
+
+@kernel
+def unpack_columns(t, n_keys, x, first, factor):
+    # x.flat[first + j·W + c] = t[c, j]·factor for j < n_keys, c < W = x.shape[-1]: a key
+    # block's dkᵀ or dvᵀ (t (W', BK), C-contiguous) back into n_keys rows of the C-contiguous
+    # stack x from flat offset `first`. NT rows of t at a time are transposed as vectors
+    # (vector_pack.py) and then scaled in place (the same rounding as scaling each element as
+    # it is copied); the last rows of t element by element.
+    width = x.shape[-1]
+    step = t.shape[1]
+    whole = width // NT * NT
+    for c0 in range(0, whole, NT):
+        transpose_nt(n_keys, t, c0 * step, step, x, first + c0, width)
+    flat = x.reshape(x.size)
+    for j in range(n_keys):
+        for c in range(whole, width):
+            flat[first + j * width + c] = t[c, j]
+    if factor != 1.0:
+        for e in range(first, first + n_keys * width):
+            flat[e] = flat[e] * factor
 
 
 @kernel
@@ -356,13 +425,18 @@ def panel_softmax(fs, pn, lo, n_keys, first, n_all_keys, dropout):
 
 @kernel
 def ones_row(vs, row, n_keys):
-    # Make row `row` of the value strips vs (column `row` of v) all ones for keys < n_keys, so
-    # that oᵀ += vᵀ·pᵀ also sums p: the softmax denominator for free, on the micro-kernel.
+    # Make row `row` of the value strips vs (column `row` of v) all ones for keys < n_keys, and
+    # the strip's rows after it zero, so that oᵀ += vᵀ·pᵀ also sums p: the softmax denominator
+    # for free, on the micro-kernel. (The rows after it are padding, which pack_columns zeroes
+    # only when they share a strip with v's last columns.)
     strip = vs[(row // MR) * FORWARD_BK * MR:(row // MR + 1) * FORWARD_BK * MR]
     lane = row % MR
     one = vs.dtype.type(1)
+    zero = vs.dtype.type(0)
     for p in range(n_keys):
         strip[p * MR + lane] = one
+        for r in range(lane + 1, MR):
+            strip[p * MR + r] = zero
 
 
 @kernel
@@ -399,7 +473,7 @@ def forward_scratch(like, n_panels, width, n_vcols):
     stats = np.empty((4, NR), dtype)
     return ForwardScratch(np.empty(n_panels * width * NR, dtype),          # qp
                           np.empty((FORWARD_BK // MR) * width * MR, dtype),  # ks
-                          np.zeros(vcols * FORWARD_BK, dtype),               # vs
+                          np.empty(vcols * FORWARD_BK, dtype),               # vs
                           pt, pt.reshape(FORWARD_BK, NR),                    # pt, pt_tiles
                           np.empty(FORWARD_BK * NR, dtype),                  # e
                           stats[0], stats[1], stats[2], stats[3],
@@ -423,17 +497,18 @@ def store_scores(wh, at, c0, lo, n_vis, pt):
 
 
 @kernel
-def forward_pair(kh, vh, at, scores, head, dropout, wh, store_weights, fs):
+def forward_pair(k, v, k_first, v_first, at, scores, head, dropout, wh, store_weights, fs):
     # The item's query block (rows at.i0 .. at.i0 + at.rows, packed in fs.qp) against one key
-    # block (keys at.j0 .. at.j0 + at.n_keys of kh, vh): pack the block's keys and values, then
-    # for each NR-query panel its scoresᵀ (tiles of MR keys × NR queries, written straight into
-    # fs.pt), the soft cap, the mask and bias, the stored scores, and one online-softmax step.
-    width = kh.shape[1]
+    # block (keys at.j0 .. at.j0 + at.n_keys of the head whose keys and values start at flat
+    # offsets k_first of k and v_first of v): pack the block's keys and values, then for each
+    # NR-query panel its scoresᵀ (tiles of MR keys × NR queries, written straight into fs.pt),
+    # the soft cap, the mask and bias, the stored scores, and one online-softmax step.
+    width, vwidth = k.shape[3], v.shape[3]
     i0, rows, j0, n_keys = at.i0, at.rows, at.j0, at.n_keys
     pt = fs.pt
-    pack_lanes(kh, j0, n_keys, MR, 1.0, fs.ks)
-    pack_columns(vh, j0, n_keys, MR, FORWARD_BK, fs.vs)
-    ones_row(fs.vs, vh.shape[1], n_keys)
+    pack_lanes(k, k_first + j0 * width, n_keys, MR, 1.0, fs.ks)
+    pack_columns(v, v_first + j0 * vwidth, n_keys, MR, FORWARD_BK, fs.vs)
+    ones_row(fs.vs, vwidth, n_keys)
     for pn in range((rows + NR - 1) // NR):
         c0 = pn * NR
         # keys lo .. n_vis: those any query of the panel (padding included) may see, from a
@@ -516,21 +591,21 @@ def forward_item(w, inputs, all_scores, dropout, results, block_rows, n_qb):
     group = n_heads // k.shape[1]
     q0, k0, ob = inputs.q_start[b], inputs.k_start[b], inputs.out_batch[b]
     q1, k1 = q0 + n_rows, k0 + inputs.k_len[b]
-    qh = q[inputs.q_batch[b], h, q0:q1]
-    kh, vh = k[inputs.k_batch[b], h // group, k0:k1], v[inputs.v_batch[b], h // group, k0:k1]
+    k_first = row_at(k, inputs.k_batch[b], h // group, k0)     # the head's rows (flat)
+    v_first = row_at(v, inputs.v_batch[b], h // group, k0)
     oh, lseh = results.out[ob, h, q0:q1], results.lse[ob, h, q0:q1]
     mh, lh = results.row_max[ob, h, q0:q1], results.row_sum[ob, h, q0:q1]
     wh = results.weights[b if store_weights else 0, h if store_weights else 0]
-    n_keys_all = kh.shape[0]
+    n_keys_all = k1 - k0
     first = dropout_first(dropout, b, h, n_rows, n_keys_all)
-    fs = forward_scratch(oh, (rows + NR - 1) // NR, kh.shape[1], vh.shape[1])
-    pack_lanes(qh, i0, rows, NR, scores.scale, fs.qp)
+    fs = forward_scratch(oh, (rows + NR - 1) // NR, k.shape[3], v.shape[3])
+    pack_lanes(q, row_at(q, inputs.q_batch[b], h, q0 + i0), rows, NR, scores.scale, fs.qp)
     # keys before `begin` (its block) or at or past `end` are hidden from every row of the
     # block (key_start, key_end): not computed
     end = min(n_keys_all, max(key_end(scores, i0 + rows - 1), 0))
     begin = min(max(key_start(scores, i0), 0), end) // FORWARD_BK * FORWARD_BK
     for j0 in range(begin, end, FORWARD_BK):
-        forward_pair(kh, vh, BlockPair(i0, rows, j0, min(FORWARD_BK, n_keys_all - j0),
+        forward_pair(k, v, k_first, v_first, BlockPair(i0, rows, j0, min(FORWARD_BK, n_keys_all - j0),
                                        n_keys_all, first),
                      scores, head, dropout, wh, store_weights, fs)
     finish_rows(oh, lseh, mh, lh, i0, rows, scores, head, dropout, fs)
@@ -665,24 +740,27 @@ def backward_pair(qb, kb, at, dqh, dkt, dvt, scores, head, dropout, dsh, store_d
 
 
 @kernel
-def pack_query_block(qh, doh, oh, lseh, normh, i0, rows, scale, qb):
+def pack_query_block(q, q_first, dout, d_first, doh, oh, lseh, normh, i0, rows, scale, qb):
     # The query block's operands for backward_pair, packed once into qb (QueryBlock) and used
     # against every key block: q·scale and dout as query strips, qᵀ and doutᵀ as column
-    # strips over queries; per row its logsumexp (+inf where fully masked or padding, so p =
-    # 0), 1 / its normaliser normh -- Σ_j exp(s_j - lse), 1 unless |lse| is so large that its
-    # rounding swallowed log l (the caller's _normalisers) -- and D = dout·out.
-    pack_lanes(qh, i0, rows, MR, scale, qb.qs)
-    pack_lanes(doh, i0, rows, MR, 1.0, qb.dos)
-    pack_columns(qh, i0, rows, MR, BQ, qb.qc)
-    pack_columns(doh, i0, rows, MR, BQ, qb.doc)
+    # strips over queries (the head's rows of q and dout start at flat offsets q_first and
+    # d_first; doh are those of dout); per row its logsumexp (+inf where fully masked or
+    # padding, so p = 0), 1 / its normaliser normh -- Σ_j exp(s_j - lse), 1 unless |lse| is so
+    # large that its rounding swallowed log l (the caller's _normalisers) -- and D = dout·out.
+    q_at = q_first + i0 * q.shape[3]
+    d_at = d_first + i0 * dout.shape[3]
+    pack_lanes(q, q_at, rows, MR, scale, qb.qs)
+    pack_lanes(dout, d_at, rows, MR, 1.0, qb.dos)
+    pack_columns(q, q_at, rows, MR, BQ, qb.qc)
+    pack_columns(dout, d_at, rows, MR, BQ, qb.doc)
     lse_r, inv_r, d_r = qb.lse, qb.inv, qb.d
-    inf = qh.dtype.type(np.inf)
+    inf = q.dtype.type(np.inf)
     for r in range((rows + MR - 1) // MR * MR):
         if r < rows:
             lse_i = lseh[i0 + r]
             lse_r[r] = inf if lse_i == -np.inf else lse_i
-            inv_r[r] = qh.dtype.type(1) / normh[i0 + r]
-            total = qh.dtype.type(0)
+            inv_r[r] = q.dtype.type(1) / normh[i0 + r]
+            total = q.dtype.type(0)
             for c in range(doh.shape[1]):
                 total += doh[i0 + r, c] * oh[i0 + r, c]
             d_r[r] = total
@@ -722,10 +800,8 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
                  np.empty((MR, NR), dtype), np.empty((MR, NR), dtype),
                  np.empty((MR, NR), np.bool_), np.empty(MR * NR, dtype),
                  np.empty(MR * NR, dtype), np.empty((MR, NR), dtype))
-    kb_all = k[inputs.k_batch[b], g, k0:k1]
-    vb_all = v[inputs.v_batch[b], g, k0:k1]
-    dkb = grads.dk[ob, g, k0:k1]
-    dvb = grads.dv[ob, g, k0:k1]
+    k_first = row_at(k, inputs.k_batch[b], g, k0)       # the kv head's rows (flat)
+    v_first = row_at(v, inputs.v_batch[b], g, k0)
     n_own = (n_kb - split + n_splits - 1) // n_splits   # key blocks split, split + n_splits..
     kt = np.empty((n_own, (BK // NR) * width * NR), dtype)           # each packed once
     vt = np.empty((n_own, (BK // NR) * vwidth * NR), dtype)
@@ -735,14 +811,15 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
     for o in range(n_own):
         j0 = (split + o * n_splits) * BK
         n_keys = min(BK, n_keys_all - j0)
-        pack_lanes(kb_all, j0, n_keys, NR, 1.0, kt[o])
-        pack_lanes(vb_all, j0, n_keys, NR, 1.0, vt[o])
-        pack_columns(kb_all, j0, n_keys, NR, BK, kp[o])
+        pack_lanes(k, k_first + j0 * width, n_keys, NR, 1.0, kt[o])
+        pack_lanes(v, v_first + j0 * vwidth, n_keys, NR, 1.0, vt[o])
+        pack_columns(k, k_first + j0 * width, n_keys, NR, BK, kp[o])
     for o0 in range(0, n_own, CHUNK):             # CHUNK key blocks at a time stay in L2
         for h in range(g * group, (g + 1) * group):
             bh = b * n_heads + h
             head = head_of(all_scores, bh)
-            qh = q[inputs.q_batch[b], h, q0:q1]
+            q_first = row_at(q, inputs.q_batch[b], h, q0)
+            d_first = row_at(saved.dout, ob, h, q0)
             doh = saved.dout[ob, h, q0:q1]
             dqh = grads.dq_parts[split, ob, h, q0:q1]
             dsh = grads.dscores[b if store_ds else 0, h if store_ds else 0]
@@ -755,7 +832,8 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
                 if ((split + o0 * n_splits) * BK >= last
                         or (split + (o1 - 1) * n_splits) * BK + BK <= start):
                     continue
-                pack_query_block(qh, doh, saved.out[ob, h, q0:q1], lse[ob, h, q0:q1],
+                pack_query_block(q, q_first, saved.dout, d_first, doh,
+                                 saved.out[ob, h, q0:q1], lse[ob, h, q0:q1],
                                  saved.norm[ob, h, q0:q1], i0, rows, scores.scale, qb)
                 for o in range(o0, o1):
                     j0 = (split + o * n_splits) * BK
@@ -764,15 +842,13 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
                     at = BlockPair(i0, rows, j0, min(BK, n_keys_all - j0), n_keys_all, first)
                     backward_pair(qb, KeyBlock(kt[o], vt[o], kp[o]), at, dqh, dkt[o], dvt[o],
                                   scores, head, dropout, dsh, store_ds, sc)
-    scale = scores.scale
-    for o in range(n_own):
+    dk_first = row_at(grads.dk, ob, g, k0)
+    dv_first = row_at(grads.dv, ob, g, k0)
+    for o in range(n_own):                        # dk (scaled) and dv: transposed back
         j0 = (split + o * n_splits) * BK
         n_keys = min(BK, n_keys_all - j0)
-        for j in range(n_keys):
-            for c in range(width):
-                dkb[j0 + j, c] = dkt[o, c, j] * scale
-            for c in range(vwidth):
-                dvb[j0 + j, c] = dvt[o, c, j]
+        unpack_columns(dkt[o], n_keys, grads.dk, dk_first + j0 * width, scores.scale)
+        unpack_columns(dvt[o], n_keys, grads.dv, dv_first + j0 * vwidth, 1.0)
 
 
 @parallel_items(backward_item)

@@ -2,7 +2,8 @@
 
 Before a product runs its register tile (``vector_tile.py``), the engines copy each operand
 into the order the tile reads it (``gemm.py``: an A strip is ``kc`` rows of MR elements, a B
-panel ``kc`` rows of NR). Two kinds of copy do that:
+panel ``kc`` rows of NR; ``attention.py``: query strips and panels, key panels, value strips,
+and dkᵀ, dvᵀ back into rows). Two kinds of copy do that:
 
 * **Rows** (``copy_rows``): ``dst[d0 + r·d_step + j] = src[s0 + r·s_step + j]`` for j < W --
   the slice is already in the tile's order (a row-major B's panel, a transposed A's strip), and
