@@ -17,6 +17,16 @@ row's share of dw, db), once for dx, recomputing x̂ and ĝ from x and dout rath
 them (measured on Zen 4, one thread, (2048, 384) float32: 698 µs before, 473 with saved
 statistics and the recomputation, 631 with the recomputation alone; the same bits).
 
+Both kernels go through a block of rows pass by pass -- every row's mean, then every row's
+rstd, then every row's output (``block_stats``); backward's row sums, then its dx -- rather than
+row by row: each pass of a row waits for the sum of the one before, so row by row the core
+mostly waited, while the rows of one pass do not depend on each other and overlap. (A block is
+at most a few dozen rows, in L1 or L2. Measured on Zen 4, the kernels alone, the row-by-row
+module loaded beside it and alternating: (768, 128) float32, the baby GPT's, forward 1.39×
+and backward 1.19× faster on 2 threads, 1.41× / 1.23× on one; (2048, 384) 1.10× / 1.17×;
+float64 (768, 128) 1.25× / 1.02×. The same bits in float32; in float64 dx differs in the last
+bits: the restructured loops compile to another order of operations, as deterministic.)
+
 Both kernels convert weight (and the forward bias) to float64 once per block of rows, not per
 entry (exact: the same bits; the forward 1.12-1.14× at (2048, 384) float32 on Zen 4, 1 and 2
 threads, alternating; other shapes within the noise).
@@ -51,18 +61,34 @@ def row_blocks(n_rows):
 
 
 @kernel
-def row_stats(row, eps):
-    # (μ, rstd) of one row (D,), two-pass in float64; D = 0 gives NaN (a mean of nothing)
-    n = row.shape[0]
+def row_mean(row):
+    # μ of one row (D,) in float64; D = 0 gives NaN (a mean of nothing)
     total = 0.0
-    for k in range(n):
+    for k in range(row.shape[0]):
         total += np.float64(row[k])
-    mean = total / n
+    return total / row.shape[0]
+
+
+@kernel
+def row_rstd(row, mean, eps):
+    # rstd = 1/√(σ² + eps) of one row (D,) whose mean is μ: the second pass, in float64
     total = 0.0
-    for k in range(n):
+    for k in range(row.shape[0]):
         d = np.float64(row[k]) - mean
         total += d * d
-    return mean, 1.0 / np.sqrt(total / n + eps)
+    return 1.0 / np.sqrt(total / row.shape[0] + eps)
+
+
+@kernel
+def block_stats(x, r0, r1, eps, means, rstds):
+    # means[n], rstds[n] of rows r0 .. r1 of x (N, D), two-pass: every row's mean, then every
+    # row's rstd -- pass by pass over the block rather than row by row, so that the rows' sums,
+    # which do not depend on each other, overlap in the core (a row's own passes cannot: each
+    # waits for the last one's sum)
+    for n in range(r0, r1):
+        means[n] = row_mean(x[n])
+    for n in range(r0, r1):
+        rstds[n] = row_rstd(x[n], means[n], eps)
 
 
 @parallel_kernel(twin=True)
@@ -77,12 +103,12 @@ def layer_norm_forward_kernel(x, weight, bias, eps, out, means, rstds):
         for k in range(width):
             w64[k] = weight[k]
             b64[k] = bias[k]
-        for n in range(blk * size, min(blk * size + size, n_rows)):
+        r0, r1 = blk * size, min(blk * size + size, n_rows)
+        block_stats(x, r0, r1, eps, means, rstds)
+        for n in range(r0, r1):
             row = x[n]
             orow = out[n]
-            mean, rstd = row_stats(row, eps)
-            means[n] = mean
-            rstds[n] = rstd
+            mean, rstd = means[n], rstds[n]
             for k in range(width):
                 xhat = (np.float64(row[k]) - mean) * rstd
                 orow[k] = xhat * w64[k] + b64[k]
@@ -106,12 +132,17 @@ def layer_norm_backward_kernel(dout, x, weight, eps, means, rstds, dx, dweight, 
         pb = part_b[blk]
         pw[:] = 0.0
         pb[:] = 0.0
-        for n in range(blk * size, min(blk * size + size, n_rows)):
-            xr, dr, dxr = x[n], dout[n], dx[n]
-            if saved:
-                mean, rstd = means[n], rstds[n]
-            else:
-                mean, rstd = row_stats(xr, eps)
+        r0, r1 = blk * size, min(blk * size + size, n_rows)
+        if saved:
+            mu, rs = means[r0:r1], rstds[r0:r1]
+        else:
+            mu, rs = np.empty(r1 - r0, np.float64), np.empty(r1 - r0, np.float64)
+            block_stats(x[r0:r1], 0, r1 - r0, eps, mu, rs)
+        mean_g = np.empty(r1 - r0, np.float64)   # per row: mean(ĝ), mean(ĝ ∘ x̂)
+        mean_gx = np.empty(r1 - r0, np.float64)
+        for n in range(r0, r1):                  # the row sums first, row after row, so that
+            xr, dr = x[n], dout[n]               # they overlap (as block_stats); then dx
+            mean, rstd = mu[n - r0], rs[n - r0]
             sum_g = 0.0                          # Σ_k ĝ_k, ĝ = dout ∘ weight
             sum_gx = 0.0                         # Σ_k ĝ_k·x̂_k
             for k in range(width):
@@ -122,12 +153,16 @@ def layer_norm_backward_kernel(dout, x, weight, eps, means, rstds, dx, dweight, 
                 sum_gx += ghat * xhat
                 pw[k] += d * xhat
                 pb[k] += d
-            mean_g = sum_g / width
-            mean_gx = sum_gx / width
+            mean_g[n - r0] = sum_g / width
+            mean_gx[n - r0] = sum_gx / width
+        for n in range(r0, r1):
+            xr, dr, dxr = x[n], dout[n], dx[n]
+            mean, rstd = mu[n - r0], rs[n - r0]
+            mg, mgx = mean_g[n - r0], mean_gx[n - r0]
             for k in range(width):               # x̂ and ĝ again: cheaper than storing them
                 xhat = (np.float64(xr[k]) - mean) * rstd
                 ghat = np.float64(dr[k]) * w64[k]
-                dxr[k] = rstd * (ghat - mean_g - xhat * mean_gx)
+                dxr[k] = rstd * (ghat - mg - xhat * mgx)
     for blk in prange((width + COLS - 1) // COLS):   # each iteration owns COLS columns
         k0 = blk * COLS
         k1 = min(k0 + COLS, width)
