@@ -71,14 +71,19 @@ def truth(a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate):
     return want, scale
 
 
-#: Forcing each of the engine's kernels: (SMALL, BATCHED, PACKED_SMALL, SERIAL_PACKED)
-NAMES = ("SMALL", "BATCHED", "PACKED_SMALL", "SERIAL_PACKED")
+#: Forcing each of the engine's kernels: (SMALL, BATCHED, PACKED_SMALL, SERIAL_PACKED,
+#: ONE_LAUNCH_ROWS, ONE_LAUNCH_B, KEPT_SPACE)
+NAMES = ("SMALL", "BATCHED", "PACKED_SMALL", "SERIAL_PACKED", "ONE_LAUNCH_ROWS",
+         "ONE_LAUNCH_B", "KEPT_SPACE")
+_NEVER = (1 << 62, -1)                                  # (ONE_LAUNCH_ROWS, ONE_LAUNCH_B): off
+_KEPT = IN_FORCE[0].KEPT_SPACE
 PATHS = {
     "auto": tuple(getattr(IN_FORCE[0], name) for name in NAMES),
-    "packed": (0, 1 << 30, -1, -1),             # gemm_kernel: B packed a K block at a time
-    "batched": (0, 0, -1, -1),                  # batched_gemm_kernel: an item per C[t]
-    "rows": (0, 1 << 30, 1 << 62, -1),          # batched_gemm_kernel: an item per row block
-    "serial": (0, 1 << 30, 1 << 62, 1 << 62),   # its serial twin
+    "packed": (0, 1 << 30, -1, -1, *_NEVER, _KEPT),    # gemm_kernel: B packed a K block at a time
+    "batched": (0, 0, -1, -1, *_NEVER, _KEPT),         # batched_gemm_kernel: an item per C[t]
+    "rows": (0, 1 << 30, -1, -1, 0, -1, _KEPT),         # an item per thread's rows, kept space
+    "own": (0, 1 << 30, -1, -1, 0, -1, -1),             # the same, each item's own buffer
+    "serial": (0, 1 << 30, 1 << 62, 1 << 62, *_NEVER, _KEPT),   # its serial twin
 }
 
 
@@ -120,11 +125,12 @@ def test_gemm_matches_float64(case):
 @given(case=gemm_cases())
 def test_packed_and_batched_kernels_give_the_same_bits(case):
     """The engine picks a kernel by the shapes and the thread count -- all of B packed a K
-    block at a time, an item per output batch, an item per block of rows, or that on the
+    block at a time, an item per output batch, an item per thread's share of the rows (each
+    packing B into its slot of the kept space, or into a buffer of its own), or that on the
     calling thread; all sum in the same order, so which one ran never shows in the result."""
     *args, _ = case
     results = {}
-    for path in ("packed", "batched", "rows", "serial"):
+    for path in ("packed", "batched", "rows", "own", "serial"):
         with forced(path):
             results[path] = run_gemm(*args)
     for path, got in results.items():
@@ -193,9 +199,9 @@ def test_kernels_compiled_without_slp_never_enter_the_cache(tmp_path):
     the cache, so a slow kernel can never be served to a process that has SLP."""
     code = """
         import numpy as np, npattn
-        x = np.ones((256, 300), np.float32)
-        w = np.ones((300, 300), np.float32)
-        npattn.matmul(x, w.T)                   # the packed path, past PACKED_SMALL
+        x = np.ones((64, 300), np.float32)      # gemm_kernel: past PACKED_SMALL, few rows
+        w = np.ones((300, 2048), np.float32)    # and a K block of B past ONE_LAUNCH_B
+        npattn.matmul(x, w)
         print(npattn._jit.slp_enabled())
     """
     cache = tmp_path / "cache"

@@ -241,8 +241,8 @@ def test_the_engines_call_their_work_items_through_an_address():
         v.flags.writeable = False                 # a read-only input is another version
         out, lse = npattn.scaled_dot_product_attention_forward(q, k, v)
         npattn.scaled_dot_product_attention_backward(out, q, k, v, out, lse)
-        npattn.matmul(rng.standard_normal((300, 300)).astype(dtype),   # gemm_kernel's A·B
-                      rng.standard_normal((300, 100)).astype(dtype))   # (past PACKED_SMALL)
+        npattn.matmul(rng.standard_normal((64, 300)).astype(dtype),    # gemm_kernel's A·B
+                      rng.standard_normal((300, 1100)).astype(dtype))  # (few rows, wide B)
         npattn.matmul(rng.standard_normal((30, 40)).astype(dtype),     # batched_gemm_kernel's
                       rng.standard_normal((40, 70)).astype(dtype))     # (a small product)
     for dtype in (np.float32, np.float64):

@@ -711,17 +711,35 @@ def test_backward_checks_its_argument_and_order():
         m.backward(X.astype(np.float64))
 
 
-@given(dtype=dtypes, n=st.integers(1, 3), heads=st.integers(1, 4), length=st.integers(1, 5),
-       width=st.integers(1, 6), k=st.integers(1, 3), batch_first=st.booleans(),
+def _numpy_heads(x, heads, batch_first):
+    """NumPy's split of (N, L, H·D) (or (L, N, H·D)) into (N, H, L, D), through a view."""
+    packed = x if batch_first else x.transpose(1, 0, 2)
+    n, length, width = packed.shape
+    return packed.reshape(n, length, heads, width // heads).transpose(0, 2, 1, 3)
+
+
+@given(dtype=dtypes, n=st.integers(0, 3), heads=st.integers(1, 4), length=st.integers(0, 70),
+       width=st.integers(1, 6), k=st.integers(1, 3), batch_first=st.booleans(), layout=layouts,
        seed=st.integers(0, 2**32 - 1))
-def test_heads_merged_side_by_side_are_the_concatenated_merges(dtype, n, heads, length, width,
-                                                               k, batch_first, seed):
-    """merge_heads_side_by_side (the GPT's dq, dk, dv into one gradient) is the concatenation
-    of each array's merge_heads, element for element, in a C-contiguous array."""
-    from npattn.nn.attention import merge_heads, merge_heads_side_by_side
+def test_heads_split_and_merged_are_numpys_transposes(dtype, n, heads, length, width, k,
+                                                      batch_first, layout, seed):
+    """split_heads (k parts side by side: the GPT's fused q, k, v) and merge_heads_side_by_side
+    (their gradients back into one array) are NumPy's reshapes and transposes, element for
+    element (kernels/heads.py: a parallel copy, or its serial twin for few elements), from
+    inputs of any memory layout, into C-contiguous arrays; merging the split gives the input."""
+    from npattn.nn.attention import merge_heads, merge_heads_side_by_side, split_heads
     rng = np.random.default_rng(seed)
-    xs = [make_values(rng, (n, heads, length, width), dtype) for _ in range(k)]
-    got = merge_heads_side_by_side(xs, batch_first)
-    np.testing.assert_array_equal(got, np.concatenate([merge_heads(x, batch_first) for x in xs],
-                                                      axis=-1))
+    lead = (n, length) if batch_first else (length, n)
+    x = make_values(rng, lead + (k * heads * width,), dtype)
+    parts = split_heads(lay_out(x, layout, rng), heads, batch_first, parts=k)
+    parts = parts if k > 1 else parts[None]
+    assert parts.shape == (k, n, heads, length, width) and parts.flags.c_contiguous
+    c = heads * width
+    for i in range(k):
+        np.testing.assert_array_equal(parts[i], _numpy_heads(x[..., i * c:(i + 1) * c], heads,
+                                                             batch_first))
+        merged = merge_heads(lay_out(parts[i], layout, rng), batch_first)
+        np.testing.assert_array_equal(merged, x[..., i * c:(i + 1) * c])
+    got = merge_heads_side_by_side([lay_out(p, layout, rng) for p in parts], batch_first)
+    np.testing.assert_array_equal(got, x)
     assert got.dtype == dtype and got.flags.c_contiguous

@@ -170,9 +170,9 @@ CACHE_PROBE = """
     import json, numpy as np, npattn
     from npattn.kernels import tiles
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((300, 300)).astype(np.float32)
-    b = rng.standard_normal((300, 200)).astype(np.float32)
-    c = npattn.matmul(a, b)                          # the packed path, past PACKED_SMALL
+    a = rng.standard_normal((64, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 1100)).astype(np.float32)
+    c = npattn.matmul(a, b)                          # gemm_kernel: few rows, a wide B
     gemm = tiles.engine("gemm", np.float32)
     stats = {name: (sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))
              for name, k in (("block", gemm.block_product),

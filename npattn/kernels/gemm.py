@@ -7,13 +7,15 @@ and arrow::
 
     functional/linear.py::linear_forward -> tiles.gemm   # (linear_backward, matmul: the same)
     tiles.gemm     -> engine, kernels/gemm.py::gemm   # engine("gemm", dtype): this module
-    gemm           -> gemm_kernel, _index, _row_block, _packing_space, _small_columns
+    gemm           -> gemm_kernel, _index, _row_block, item_space, _packing_space,
+                      _small_columns
     gemm           => batched_gemm_kernel, small_dot_kernel    # or their .serial twins
     gemm_kernel    => pack_item, rows_item    # per K block: pack B's panels, then C's rows
     pack_item      -> op_b_blocks, pack_b_panel
     rows_item      -> op_b_blocks, start_rows, pack_a_block, block_product
     batched_gemm_kernel => batch_item
-    batch_item     -> op_b_blocks, start_rows, pack_b_block, pack_a_block, block_product
+    batch_item     -> op_b_blocks, item_space, start_rows, pack_b_block, pack_a_block,
+                      block_product
     pack_b_block   -> pack_b_panel, copy_nr  # (a row-major B row by row; Bᵀ and edges by panel)
     pack_b_panel   -> copy_nr, transpose_bt  # the packing copies (vector_pack.py)
     pack_a_block   -> copy_mr, transpose_mr
@@ -66,14 +68,18 @@ Determinism: each C element is owned by one work item and summed as
 k order, whatever the thread count or MC.
 
 Three kernels: ``gemm_kernel`` is the nest above; ``batched_gemm_kernel`` runs the product in
-one launch, its work items packing their own B a K block at a time -- from ``BATCHED`` output
-batches per thread one item per batch (a batched backward would otherwise copy a whole operand
-first), and for products up to ``PACKED_SMALL`` multiply-adds one item per block of rows (up
-to ``SERIAL_PACKED`` on the calling thread) -- these sum in the same order, so which one ran
-never shows in the bits. ``small_dot_kernel`` computes small
-A·Bᵀ products (the linear layer's form, up to ``SMALL`` multiply-adds) as dot products with no
-packing; LLVM splits each of its k loops into vector partial sums, so its bits differ from the
-packed kernels' by rounding. Which of the three runs depends on the shapes only, never on the
+one launch, its work items packing their own B a K block at a time into their own slots of a
+kept buffer -- from ``BATCHED`` output batches per thread one item per batch (a batched
+backward would otherwise copy a whole operand first), and otherwise one item per thread's
+share of the rows, for products up to ``PACKED_SMALL`` multiply-adds (up to ``SERIAL_PACKED``
+on the calling thread) and for larger ones whose items have ``ONE_LAUNCH_ROWS`` rows or whose
+packed K block of B fits in ``ONE_LAUNCH_B`` bytes: each thread's B then sits in its own
+core's cache, and the threads meet once per call instead of twice per K block. So
+``gemm_kernel`` is left with few rows against a wide B, where packing B once for all pays.
+These sum in the same order, so which one ran never shows in the bits.
+``small_dot_kernel`` computes small A·Bᵀ products (the linear layer's form, up to ``SMALL``
+multiply-adds) as dot products with no packing; LLVM splits each of its k loops into vector
+partial sums, so its bits differ from the packed kernels' by rounding. Which of the three runs depends on the shapes only, never on the
 thread count, so the result of a call is bitwise reproducible.
 
 Accumulator: the input dtype (float32 in float32, as OpenBLAS and PyTorch do).
@@ -108,13 +114,26 @@ SMALL_COLS = 64  # columns per small_dot_kernel item at least
 SERIAL_MACS = 1 << 16
 BATCHED = 4  # output batches per thread from which batched_gemm_kernel takes over
 #: Up to this many multiply-adds a packed product runs in one launch (batched_gemm_kernel, an
-#: item per block of rows, each packing the B it needs) instead of two launches per K block
+#: item per thread's rows, each packing the B it needs) instead of two launches per K block
 #: (measured on Zen 3, 2 threads, µs one launch / two per K block, float32: n = 64 40 / 55,
 #: 128 101 / 118, 192 205 / 224, 256 422 / 421, 512 3494 / 3033; float64 alike)
 PACKED_SMALL = 1 << 23
 #: Up to this many multiply-adds it runs on the calling thread (the serial twin: no launch;
 #: measured as above: n = 32 35 µs against 39 in one launch, n = 64 50 against 40)
 SERIAL_PACKED = 1 << 15
+#: Past PACKED_SMALL, batched_gemm_kernel still runs the product in one launch, an item per
+#: thread's share of the rows, each packing all of op(B) itself into its own kept space, when
+#: an item has this many rows or more or one K block of packed B is at most ONE_LAUNCH_B
+#: bytes (it stays in the core's L2); else gemm_kernel packs B once for all (two launches
+#: per K block). Each item's B then sits in its own core's cache and the threads meet once
+#: per call. Measured on Zen 4, 2 threads, one launch against two per K block, the same bits,
+#: two interleaved runs: float32 n = 256 / 512 / 1024 / 2048 1.30-1.42 / 1.14-1.21 / 1.02-1.09
+#: / 1.02-1.06x, the baby GPT's 768×128·128×384 1.10-1.13x, its dW (K = 768) 1.09-1.51x, the
+#: 6-layer's 2048×384·384×1536 1.01-1.03x; float64 0.96-1.41x; but with few rows and a wide B
+#: (items of 32-64 rows, 2-8 MiB K blocks) 0.82-0.98x. Inside a GPT step, on operands other
+#: ops just wrote, the gain is smaller: the products 1.02x (baby) and 1.01x (6-layer)
+ONE_LAUNCH_ROWS = 256
+ONE_LAUNCH_B = 1 << 20
 KEPT_SPACE = 64 << 20  # bytes of packing space each Python thread keeps between calls at most
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
 
@@ -310,9 +329,19 @@ def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, 
 
 
 @kernel
-def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows):
+def item_space(n_cols, mc):
+    # elements of batch_item's packing space: one K block of op(B) for n_cols columns of C
+    # (whole panels), then an A block of mc rows
+    return (n_cols + NR - 1) // NR * KC * NR + mc * KC
+
+
+@kernel
+def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows,
+               space):
     # Work item w of batched_gemm_kernel: rows w·item_rows .. of one C[t] (all of them when
-    # item_rows >= M), in blocks of mc rows; it packs the K blocks of op(B) it needs itself
+    # item_rows >= M), in blocks of mc rows; it packs the K blocks of op(B) it needs itself,
+    # into its own slot w of `space` (item_space elements each), or into a buffer of its own
+    # when `space` is empty
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     n_items = (n_rows + item_rows - 1) // item_rows
@@ -320,8 +349,10 @@ def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
     r0 = (w % n_items) * item_rows
     r1 = min(r0 + item_rows, n_rows)
     panel_size = KC * NR
-    panels = np.empty(n_panels * panel_size, c.dtype)
-    ap = np.empty(mc * KC, c.dtype)
+    size = item_space(n_cols, mc)
+    slot = space[w * size:(w + 1) * size] if space.shape[0] > 0 else np.empty(size, c.dtype)
+    panels = slot[:n_panels * panel_size]
+    ap = slot[n_panels * panel_size:]
     out = np.empty((MR, NR), c.dtype)
     start_rows(c[t], r0, r1 - r0, bias, accumulate)
     for kb in range(n_kb):
@@ -336,7 +367,7 @@ def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
 
 @parallel_items(batch_item, twin=True)
 def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
-                        item_rows):
+                        item_rows, space):
     # The same product in one launch, each work item (batch_item) owning item_rows rows of one
     # C[t] and packing the K blocks of B it needs, one at a time, into a buffer that stays in
     # cache. For many output batches (an item per C[t]: instead of packing all of B up front --
@@ -346,7 +377,7 @@ def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b,
     n_items = c.shape[0] * ((c.shape[1] + item_rows - 1) // item_rows)
     for w in prange(n_items):
         call_body(item, (np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b,
-                         accumulate, mc, item_rows))
+                         accumulate, mc, item_rows, space))
 
 
 @kernel
@@ -485,16 +516,23 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
                              _small_columns(n_batch * -(-n_rows // 2), n_cols))
         return c
     threads = numba.get_num_threads()
-    if n_batch >= BATCHED * threads or work <= PACKED_SMALL:
-        if n_batch >= BATCHED * threads:
-            mc, item_rows = MR * -(-min(n_rows, MC_MAX) // MR), n_rows
-        else:
-            mc = item_rows = _row_block(n_rows, n_batch, threads)
+    if n_batch >= BATCHED * threads:
+        item_rows = n_rows
+    else:
+        item_rows = _row_block(n_rows, n_batch, threads, n_rows)
+    if (n_batch >= BATCHED * threads or work <= PACKED_SMALL or item_rows >= ONE_LAUNCH_ROWS
+            or -(-n_cols // NR) * NR * KC * c.itemsize <= ONE_LAUNCH_B):
+        mc = _row_block(item_rows, 1, 1, MC_MAX)
+        n_items = n_batch * -(-n_rows // item_rows)
+        size = n_items * item_space(n_cols, mc)
+        space = (_packing_space(size, c.dtype) if size * c.itemsize <= KEPT_SPACE
+                 else NO_BIAS[c.dtype])         # (empty: each item allocates its own)
         run = batched_gemm_kernel.serial if work <= SERIAL_PACKED else batched_gemm_kernel
-        run(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows)
+        run(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows,
+            space)
         return c
     packed_b = b3.shape[0] * -(-n_cols // NR) * KC * NR     # one K block of op(B)
-    mc = _row_block(n_rows, n_batch, threads)
+    mc = _row_block(n_rows, n_batch, threads, MC_MAX)
     gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
                 _packing_space(packed_b, c.dtype))
     return c
@@ -530,15 +568,17 @@ def _small_columns(n_pairs, n_cols):
     return max(SMALL_COLS, 4 * -(-n_cols // (4 * blocks)))
 
 
-def _row_block(n_rows, n_batch, threads):
-    """MC: rows per work item, a whole number of strips, at most MC_MAX.
+def _row_block(n_rows, n_batch, threads, most):
+    """Rows per block, a whole number of strips, at most ``most`` (rounded up to whole strips):
+    a work item's rows (most = n_rows: as many as the threads allow), or MC, the rows packed
+    at a time (most = MC_MAX).
 
     The work items (n_batch × row blocks) are shared out among the threads statically, so
     their count is made a multiple of the thread count where the rows allow: 3 items on 2
     threads leave one thread idle a third of the time (measured: n = 512, 131 vs 170 GFLOP/s).
     """
     strips = -(-n_rows // MR)
-    blocks = -(-n_rows // MC_MAX)
+    blocks = -(-n_rows // most)
     while (n_batch * blocks) % threads and blocks < strips:
         blocks += 1
     return MR * -(-strips // blocks)

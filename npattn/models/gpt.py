@@ -95,8 +95,7 @@ class CausalSelfAttention(Module):
         self._generator = np.random.default_rng(draw_seed(seeds))       # attention dropout
 
     def _heads(self, qkv):
-        c = self.n_embd
-        return [split_heads(qkv[..., i * c:(i + 1) * c], self.n_head, True) for i in range(3)]
+        return split_heads(qkv, self.n_head, True, parts=3)            # q, k, v: (3, B, nh, T, hs)
 
     def forward(self, x, cache=None, start=0):
         """out (B, T, C). With ``cache`` = (k, v), each (B, nh, block_size, hs) -- inference,

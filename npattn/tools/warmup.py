@@ -87,8 +87,9 @@ def _linear(dtype, rng):
     xb = rng.standard_normal((64, 128)).astype(dtype)            # > SMALL multiply-adds:
     wb = rng.standard_normal((130, 128)).astype(dtype)           # the packed path in one
     linear(xb, wb, rng.standard_normal(130).astype(dtype))       # launch, x·Wᵀ
-    xl = rng.standard_normal((260, 260)).astype(dtype)           # > PACKED_SMALL: the
-    linear(xl, xl[:130], rng.standard_normal(130).astype(dtype))  # packed path, 2 per K block
+    xl = rng.standard_normal((64, 260)).astype(dtype)            # > PACKED_SMALL, few rows
+    wl = rng.standard_normal((1100, 260)).astype(dtype)          # and a wide B: the packed
+    linear(xl, wl, rng.standard_normal(1100).astype(dtype))      # path, 2 launches per K block
 
 
 def _matmul(dtype, rng):
@@ -191,6 +192,16 @@ def _attention(dtype, rng):
         out, _ = attention(q, k, v, **kw)
         grad_mask = kw.get("mask") is not None and kw["mask"].dtype != np.bool_
         attention_backward(np.ones_like(out), q, k, v, mask_grad=grad_mask, **kw)
+    _heads(dtype, rng)                          # the heads' copies around MultiheadAttention's
+
+
+def _heads(dtype, rng):
+    from ..nn.attention import merge_heads_side_by_side, split_heads
+    for n, length in ((1, 1), (2, 700)):                         # the serial twins, then the
+        x = rng.standard_normal((n, length, 3 * 2 * 4)).astype(dtype)  # kernels: (N, L, k·H·D)
+        merge_heads_side_by_side(tuple(split_heads(x, 2, True, parts=3)), True)
+        merge_heads_side_by_side((split_heads(x.transpose(1, 0, 2), 2, False, parts=3)[0],),
+                                 False)                           # sequence-first: strided
 
 
 def _embedding(dtype, rng):
