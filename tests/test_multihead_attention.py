@@ -727,7 +727,7 @@ def test_heads_split_and_merged_are_numpys_transposes(dtype, n, heads, length, w
     (their gradients back into one array) are NumPy's reshapes and transposes, element for
     element (kernels/heads.py: a parallel copy, or its serial twin for few elements), from
     inputs of any memory layout, into C-contiguous arrays; merging the split gives the input."""
-    from npattn.nn.attention import merge_heads, merge_heads_side_by_side, split_heads
+    from npattn.functional.attention import merge_heads, merge_heads_side_by_side, split_heads
     rng = np.random.default_rng(seed)
     lead = (n, length) if batch_first else (length, n)
     x = make_values(rng, lead + (k * heads * width,), dtype)

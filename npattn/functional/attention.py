@@ -35,6 +35,11 @@ work items and tiles; tests/test_call_maps.py checks every name and arrow of bot
     _run_backward -> _splits, kernels/attention.py::attention_backward_kernel
     scaled_dot_product_attention_with_kv_cache -> _checks.kv_cache_args, decode_chunk
     scaled_dot_product_attention_with_kv_cache => decode_attention_kernel   # or its .serial
+    split_heads   -> _heads_copy  # the modules' copies between packed rows and heads
+    split_heads   => split_kernel                 # (through _heads_copy, or its .serial)
+    merge_heads   -> merge_heads_side_by_side
+    merge_heads_side_by_side -> _heads_copy
+    merge_heads_side_by_side => merge_kernel      # (likewise)
 
 Each public entry point builds one ``AttentionOptions`` (npattn/_checks.py) from its keywords;
 ``_checks.attention_args`` checks it once and everything below reads the checked record.
@@ -110,6 +115,7 @@ from ..kernels.attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, Dropout,
                                        UNBOUNDED, ForwardResults, Gradients, Inputs, Saved,
                                        Scores)
 from ..kernels.decode import SERIAL_MACS, decode_attention_kernel
+from ..kernels.heads import SERIAL as HEADS_SERIAL, merge_kernel, split_kernel
 from ..kernels.random import keep_threshold, kept_scale, stream_key
 from ..kernels.tiles import engine
 
@@ -680,3 +686,43 @@ def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, ca
     run(q4, k4, v4, n_keys, causal, scale, chunk, out.reshape(q4.shape[:3] + (n_vcols,)),
         stats, parts)
     return out, stats[:, :, :, 0].reshape(query.shape[:-1])          # (..., H, L)
+
+
+# ------------------------------------------------------------------ the heads' layouts
+
+def split_heads(x, heads, batch_first, parts=1):
+    """(N, L, parts·H·D) when batch_first, else (L, N, parts·H·D) -> (N, H, L, D), C-contiguous:
+    head h is columns h·D .. (h+1)·D - 1 (MultiheadAttention's, and the GPT's heads). With
+    ``parts`` > 1 each row holds that many such blocks side by side (the GPT's fused q, k, v)
+    and the result is a (parts, N, H, L, D) array, part i the heads of block i."""
+    packed = x if batch_first else x.transpose(1, 0, 2)                  # (N, L, parts·H·D)
+    n, length, width = packed.shape
+    out = np.empty((parts, n, heads, length, width // (parts * heads)), x.dtype)
+    _heads_copy(split_kernel, packed, out, 0, out.size)
+    return out if parts > 1 else out[0]                                  # (N, H, L, D)
+
+
+def merge_heads(x, batch_first):
+    """(N, H, L, D) -> (N, L, H·D) when batch_first, else (L, N, H·D): heads side by side."""
+    return merge_heads_side_by_side((x,), batch_first)
+
+
+def merge_heads_side_by_side(xs, batch_first):
+    """merge_heads of each of ``xs`` (k arrays (N, H, L, D)), side by side: (N, L, k·H·D) when
+    batch_first, else (L, N, k·H·D) -- ``np.concatenate([merge_heads(x, ...) for x in xs],
+    axis=-1)`` with each element copied once instead of twice (the GPT's dq, dk, dv into the
+    gradient of its fused q, k, v projection). C-contiguous."""
+    n, heads, length, width = xs[0].shape
+    lead = (n, length) if batch_first else (length, n)
+    out = np.empty(lead + (len(xs) * heads * width,), xs[0].dtype)
+    packed = out if batch_first else out.transpose(1, 0, 2)              # (N, L, k·H·D)
+    for i, x in enumerate(xs):
+        _heads_copy(merge_kernel, np.ascontiguousarray(x)[None], packed, i, x.size)
+    return out
+
+
+def _heads_copy(kernel, src, dst, first, size):
+    """kernels/heads.py's split_kernel or merge_kernel (parts first .. of a packed (N, L,
+    K·H·D) array and ``size`` elements of heads (k, N, H, L, D)); its serial twin for a few
+    elements (a decoded token's)."""
+    (kernel.serial if size <= HEADS_SERIAL else kernel)(src, dst, first)

@@ -1,5 +1,5 @@
 """Attention heads moved between the packed layout and one block per head: the copies that
-``split_heads`` and ``merge_heads`` (nn/attention.py) make around every attention call.
+``split_heads`` and ``merge_heads`` (functional/attention.py) make around every attention call.
 
 Dims: N batch, L positions, k parts (the GPT's fused projection: q, k and v, k = 3; one
 array: k = 1), H heads of D columns each.
@@ -35,29 +35,28 @@ def item_head(w, n_batch, n_heads, first, width):
     return i, w // n_heads % n_batch, w % n_heads, ((first + i) * n_heads + w % n_heads) * width
 
 
+@kernel
+def copy_row(src, dst):
+    # dst[:] = src: one row of a head (D elements, contiguous in both: vectorised)
+    for e in range(dst.shape[0]):
+        dst[e] = src[e]
+
+
 @parallel_kernel(twin=True)
 def split_kernel(packed, heads, first):
     # heads (k, N, H, L, D) <- parts first .. first + k - 1 of packed (N, L, K·H·D), any
     # strides (a transposed view for sequence-first layouts; read-only is fine)
-    n_parts, n_batch, n_heads, length, width = heads.shape
-    for w in prange(n_parts * n_batch * n_heads):
-        i, b, h, col = item_head(w, n_batch, n_heads, first, width)
-        for t in range(length):
-            src = packed[b, t, col:col + width]
-            dst = heads[i, b, h, t]
-            for e in range(width):
-                dst[e] = src[e]
+    for w in prange(heads.shape[0] * heads.shape[1] * heads.shape[2]):
+        i, b, h, col = item_head(w, heads.shape[1], heads.shape[2], first, heads.shape[4])
+        for t in range(heads.shape[3]):
+            copy_row(packed[b, t, col:col + heads.shape[4]], heads[i, b, h, t])
 
 
 @parallel_kernel(twin=True)
 def merge_kernel(heads, packed, first):
     # parts first .. first + k - 1 of packed (N, L, K·H·D) <- heads (k, N, H, L, D): the
-    # reverse of split_kernel
-    n_parts, n_batch, n_heads, length, width = heads.shape
-    for w in prange(n_parts * n_batch * n_heads):
-        i, b, h, col = item_head(w, n_batch, n_heads, first, width)
-        for t in range(length):
-            src = heads[i, b, h, t]
-            dst = packed[b, t, col:col + width]
-            for e in range(width):
-                dst[e] = src[e]
+    # reverse of split_kernel (two kernels, as a read-only input may only be read)
+    for w in prange(heads.shape[0] * heads.shape[1] * heads.shape[2]):
+        i, b, h, col = item_head(w, heads.shape[1], heads.shape[2], first, heads.shape[4])
+        for t in range(heads.shape[3]):
+            copy_row(heads[i, b, h, t], packed[b, t, col:col + heads.shape[4]])

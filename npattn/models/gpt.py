@@ -25,12 +25,12 @@ import numpy as np
 
 from .. import _checks
 from ..functional.gelu import gelu_backward, gelu_forward
-from ..functional.attention import (scaled_dot_product_attention_backward,
+from ..functional.attention import (merge_heads, merge_heads_side_by_side,
+                                    scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_forward,
-                                    scaled_dot_product_attention_with_kv_cache)
+                                    scaled_dot_product_attention_with_kv_cache, split_heads)
 from ..functional.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from ..nn import init
-from ..nn.attention import merge_heads, merge_heads_side_by_side, split_heads
 from ..nn.dropout import Dropout, draw_seed
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear

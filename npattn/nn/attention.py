@@ -4,11 +4,10 @@
 import numpy as np
 
 from .. import _checks
-from ..functional.attention import (attention, attention_backward,
+from ..functional.attention import (attention, attention_backward, merge_heads,
                                     scaled_dot_product_attention_backward,
-                                    scaled_dot_product_attention_forward)
+                                    scaled_dot_product_attention_forward, split_heads)
 from ..functional.linear import linear_backward, linear_forward
-from ..kernels.heads import SERIAL as HEADS_SERIAL, merge_kernel, split_kernel
 from . import init
 from .dropout import draw_seed
 from .linear import Linear
@@ -80,45 +79,6 @@ class SelfAttention(Module):
 
 
 # ------------------------------------------------------------------ multi-head attention
-
-def split_heads(x, heads, batch_first, parts=1):
-    """(N, L, parts·H·D) when batch_first, else (L, N, parts·H·D) -> (N, H, L, D), C-contiguous:
-    head h is columns h·D .. (h+1)·D - 1 (MultiheadAttention's, and the GPT's heads). With
-    ``parts`` > 1 each row holds that many such blocks side by side (the GPT's fused q, k, v)
-    and the result is a (parts, N, H, L, D) array, part i the heads of block i."""
-    packed = x if batch_first else x.transpose(1, 0, 2)                  # (N, L, parts·H·D)
-    n, length, width = packed.shape
-    out = np.empty((parts, n, heads, length, width // (parts * heads)), x.dtype)
-    _heads_copy(split_kernel, packed, out, 0)
-    return out if parts > 1 else out[0]                                  # (N, H, L, D)
-
-
-def merge_heads(x, batch_first):
-    """(N, H, L, D) -> (N, L, H·D) when batch_first, else (L, N, H·D): heads side by side."""
-    return merge_heads_side_by_side((x,), batch_first)
-
-
-def merge_heads_side_by_side(xs, batch_first):
-    """merge_heads of each of ``xs`` (k arrays (N, H, L, D)), side by side: (N, L, k·H·D) when
-    batch_first, else (L, N, k·H·D) -- ``np.concatenate([merge_heads(x, ...) for x in xs],
-    axis=-1)`` with each element copied once instead of twice (the GPT's dq, dk, dv into the
-    gradient of its fused q, k, v projection). C-contiguous."""
-    n, heads, length, width = xs[0].shape
-    lead = (n, length) if batch_first else (length, n)
-    out = np.empty(lead + (len(xs) * heads * width,), xs[0].dtype)
-    packed = out if batch_first else out.transpose(1, 0, 2)              # (N, L, k·H·D)
-    for i, x in enumerate(xs):
-        _heads_copy(merge_kernel, np.ascontiguousarray(x)[None], packed, i)
-    return out
-
-
-def _heads_copy(kernel, src, dst, first):
-    """kernels/heads.py's split_kernel or merge_kernel (parts first .. of a packed (N, L,
-    K·H·D) array and heads (k, N, H, L, D)); its serial twin for a few elements (a decoded
-    token's)."""
-    heads = dst if kernel is split_kernel else src
-    (kernel.serial if heads.size <= HEADS_SERIAL else kernel)(src, dst, first)
-
 
 def _mask_array(name, mask, dtype):
     """A PyTorch MHA mask: bool (True = ignore) or a float array of the module's dtype."""

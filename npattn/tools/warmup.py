@@ -196,7 +196,7 @@ def _attention(dtype, rng):
 
 
 def _heads(dtype, rng):
-    from ..nn.attention import merge_heads_side_by_side, split_heads
+    from ..functional.attention import merge_heads_side_by_side, split_heads
     for n, length in ((1, 1), (2, 2100)):                        # the serial twins, then the
         x = rng.standard_normal((n, length, 3 * 2 * 4)).astype(dtype)  # kernels: (N, L, k·H·D)
         merge_heads_side_by_side(tuple(split_heads(x, 2, True, parts=3)), True)
