@@ -79,8 +79,9 @@ core's cache, and the threads meet once per call instead of twice per K block. S
 These sum in the same order, so which one ran never shows in the bits.
 ``small_dot_kernel`` computes small A·Bᵀ products (the linear layer's form, up to ``SMALL``
 multiply-adds) as dot products with no packing; LLVM splits each of its k loops into vector
-partial sums, so its bits differ from the packed kernels' by rounding. Which of the three runs depends on the shapes only, never on the
-thread count, so the result of a call is bitwise reproducible.
+partial sums, so its bits differ from the packed kernels' by rounding. Which of the three runs
+depends on the shapes only, never on the thread count, so the result of a call is bitwise
+reproducible.
 
 Accumulator: the input dtype (float32 in float32, as OpenBLAS and PyTorch do).
 """
