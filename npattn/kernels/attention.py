@@ -257,9 +257,10 @@ def unpack_columns(t, n_keys, x, first, factor):
     for j in range(n_keys):
         for c in range(whole, width):
             flat[first + j * width + c] = t[c, j]
-    if factor != 1.0:
-        for e in range(first, first + n_keys * width):
-            flat[e] = flat[e] * factor
+    if factor != 1.0:                 # (over a slice from 0: an index from `first` on may be
+        block = flat[first:first + n_keys * width]   # negative for all LLVM knows, and
+        for e in range(block.shape[0]):              # Numba's wraparound test per element
+            block[e] = block[e] * factor             # kept this loop scalar)
 
 
 @kernel
@@ -419,7 +420,7 @@ def panel_softmax(fs, pn, lo, n_keys, first, n_all_keys, dropout):
         micro_kernel(n_keys - lo, vs[r0 * FORWARD_BK + lo * MR:], e[a:], tile)
         for r in range(MR):
             orow = ot[r0 + r]
-            for c in range(NR):
+            for c in range(orow.shape[0]):  # (NR, read from the array: see finish_rows)
                 orow[c] = orow[c] * alpha[c] + tile[r, c]
 
 
@@ -530,35 +531,53 @@ def forward_pair(k, v, k_first, v_first, at, scores, head, dropout, wh, store_we
 
 @kernel
 def finish_rows(oh, lseh, mh, lh, i0, rows, scores, head, dropout, fs):
-    # The item's rows i0 .. i0 + rows done: out = o / l, lse = m + log l, and row_max, row_sum
-    # (the sink joins the denominator here: join_sink). l is the ones row of oᵀ, or with
-    # dropout the pre-dropout sum panel_softmax kept. l = 0 (every key masked, no sink) gives
-    # 0 and -inf; NaN flows through.
+    # The item's rows i0 .. i0 + rows done: out = o·alpha / l, lse = m + log l, and row_max,
+    # row_sum (the sink joins the denominator here: join_sink; alpha = 1 without one). l is the
+    # ones row of oᵀ, or with dropout the pre-dropout sum panel_softmax kept. l = 0 (every key
+    # masked, no sink) gives 0 and -inf; NaN flows through. Per NR-query panel: the rows'
+    # statistics (scalar), then o·alpha / l in place along the panel's NR queries (one vector
+    # division per value column, not one scalar division per entry: at L = 64, E = 32 the
+    # scalar form was 10 % of the forward), then each row copied out of the transposed panel.
     n_vcols = oh.shape[1]
     ones = n_vcols                                         # the row of oᵀ that sums p
     dtype = oh.dtype
     zero = dtype.type(0)
+    one = dtype.type(1)
     m, l = fs.m, fs.l
-    for r in range(rows):
-        i = i0 + r
-        orow = oh[i]
-        panel = fs.ot[r // NR]
-        c = r % NR
-        if dropout.threshold == 0:
-            l[r] = panel[ones, c]
-        row_max, row_sum, alpha = m[r], l[r], dtype.type(1)
-        if scores.sinks:                 # the sink joins the denominator: l·e^m + e^sink
-            row_max, row_sum, alpha = join_sink(row_max, row_sum, alpha, head.sink)
-        mh[i] = row_max
-        lh[i] = row_sum
-        if row_sum == 0:                                   # every key masked (no sink)
-            orow[:] = zero
-            lseh[i] = -np.inf
-        else:                                              # (NaN flows through here)
-            inv = alpha / row_sum
-            for col in range(n_vcols):
-                orow[col] = panel[col, c] * inv
-            lseh[i] = row_max + math.log(row_sum)
+    num, den = fs.shift, fs.alpha                          # (NR,) each; free once the key
+    for pn in range((rows + NR - 1) // NR):                # blocks are done
+        panel = fs.ot[pn]
+        n_rows = min(NR, rows - pn * NR)
+        for c in range(NR):
+            num[c] = zero                                  # padding queries: 0 / 1
+            den[c] = one
+        for c in range(n_rows):
+            r = pn * NR + c
+            i = i0 + r
+            if dropout.threshold == 0:
+                l[r] = panel[ones, c]
+            row_max, row_sum, alpha = m[r], l[r], one
+            if scores.sinks:             # the sink joins the denominator: l·e^m + e^sink
+                row_max, row_sum, alpha = join_sink(row_max, row_sum, alpha, head.sink)
+            mh[i] = row_max
+            lh[i] = row_sum
+            if row_sum == 0:                               # every key masked (no sink)
+                lseh[i] = -np.inf                          # (its row of out: 0, below)
+            else:                                          # (NaN flows through here)
+                num[c] = alpha
+                den[c] = row_sum
+                lseh[i] = row_max + math.log(row_sum)
+        for col in range(n_vcols):         # (the trip count read from the array, not the
+            prow = panel[col]              # constant NR: LLVM unrolled a 32-trip loop fully
+            for c in range(prow.shape[0]):  # and left 32 scalar divisions; this way it
+                prow[c] = prow[c] * num[c] / den[c]   # vectorises, checking the overlap)
+        for c in range(n_rows):
+            orow = oh[i0 + pn * NR + c]
+            if lh[i0 + pn * NR + c] == 0:                  # exactly 0, whatever v holds
+                orow[:] = zero
+            else:
+                for col in range(n_vcols):
+                    orow[col] = panel[col, c]
 
 
 @kernel
@@ -655,8 +674,9 @@ def backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds):
             mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, scores, head)
             micro_kernel(vwidth, qb.dos[r0 * vwidth:], kb.vt[c0 * vwidth:], tdp)
             for r in range(MR):
-                for c in range(NR):
-                    x[r * NR + c] = ts[r, c] - lse_r[r0 + r]
+                xrow, trow = x[r * NR:(r + 1) * NR], ts[r]
+                for c in range(trow.shape[0]):     # (NR, read from the array: see
+                    xrow[c] = trow[c] - lse_r[r0 + r]  # finish_rows)
             exp_nonpositive_native(x, p)
             if dropout.threshold > 0:
                 keep_tile(kept, dropout.stream, dropout.threshold,
@@ -666,7 +686,7 @@ def backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds):
                 drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                 wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                 inv = inv_r[r0 + r]                                   # (1: the same bits)
-                for c in range(NR):
+                for c in range(drow.shape[0]):                        # (NR: as above)
                     pv = p[r * NR + c] * inv
                     dp = tdp[r, c]
                     w = pv
