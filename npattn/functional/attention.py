@@ -267,8 +267,11 @@ def _normalisers(lse, stats):
     LSE_EXACT (backward's exp(s - lse) is then a probability as it stands), else l·exp(m -
     lse) from forward's row max m and row sum l: ``stats``, or a function that runs the
     forward for them, called only when such a row exists."""
-    far = np.isfinite(lse) & (np.abs(lse) > LSE_EXACT[lse.dtype])
     norm = np.ones_like(lse)
+    far = np.abs(lse) > LSE_EXACT[lse.dtype]          # (NaN: False; ±inf: True, for now)
+    if not far.any():                                 # the common case: one pass over lse
+        return norm
+    far &= np.isfinite(lse)
     if far.any():
         row_max, row_sum = stats() if callable(stats) else stats
         with np.errstate(all="ignore"):
@@ -313,7 +316,8 @@ def _run_backward(run, dout, out, lse, norm, *, store_ds):
     Σ_j exp(s_j - lse) (_normalisers)."""
     q, k, v = run.inputs.q, run.inputs.k, run.inputs.v
     n_batch, heads, n_rows = run.n_batch, q.shape[1], q.shape[2]
-    dq_parts = np.zeros((_splits(run), n_batch, heads, n_rows, q.shape[3]), q.dtype)
+    dq_parts = np.empty((_splits(run), n_batch, heads, n_rows, q.shape[3]), q.dtype)  # (zeroed
+                                                                   # by the kernel's items)
     dk = np.empty((n_batch,) + k.shape[1:], q.dtype)
     dv = np.empty((n_batch,) + v.shape[1:], q.dtype)
     dscores = (np.zeros((n_batch, heads, n_rows, k.shape[2]), q.dtype) if store_ds
@@ -321,8 +325,11 @@ def _run_backward(run, dout, out, lse, norm, *, store_ds):
     run.kernels.attention_backward_kernel(run.inputs, run.scores, run.dropout,
                                           Saved(dout, out, lse, norm),
                                           Gradients(dq_parts, dk, dv, dscores, store_ds))
-    dq = dq_parts[0] if dq_parts.shape[0] == 1 else dq_parts.sum(axis=0)   # in split order
-    dq *= q.dtype.type(run.scores.scale)
+    if dq_parts.shape[0] == 1:                      # the kernel scaled its one split
+        dq = dq_parts[0]
+    else:
+        dq = dq_parts.sum(axis=0)                     # in split order
+        dq *= q.dtype.type(run.scores.scale)
     return dq, dk, dv, (dscores if store_ds else None)
 
 

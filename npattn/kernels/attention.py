@@ -62,11 +62,12 @@ once), every key block of the item that the query block can see::
     w  = p ∘ keep / (1 - dropout_p)  (the weights forward applied to v)
     dp = dout·vᵀ ∘ keep / (1 - dropout_p)
     ds = p ∘ (dp - D),  D = rowsum(dout ∘ out)  (= Σ_j p·dp: FlashAttention-2's shortcut)
-    dv += wᵀ·dout,  dk += dsᵀ·q·scale,  dq += ds·k   (dq scaled by the caller)
+    dv += wᵀ·dout,  dk += dsᵀ·q·scale,  dq += ds·k   (then dq·scale)
 
 Each item owns its dk and dv rows outright. dq rows are shared by all key blocks: each split
-adds into its own copy of dq (``dq_parts[split]``), which the caller sums in split order --
-one split when there are enough heads to keep the threads busy, so no copy at all. The number
+adds into its own copy of dq (``dq_parts[split]``, which its item zeroes first), which the
+caller sums in split order and scales -- one split when there are enough heads to keep the
+threads busy, so no copy at all: then the items scale their dq rows themselves. The number
 of splits depends on the shapes only, never on the thread count: the same bits everywhere.
 
 The kernels' arguments are the records of ``kernels/attention_state.py``, passed down
@@ -791,6 +792,25 @@ def pack_query_block(q, q_first, dout, d_first, doh, oh, lseh, normh, i0, rows, 
 
 
 @kernel
+def zero_rows(x, zero):
+    # x[:] = 0 for x (rows, W), one head's dq rows (the item's own: zeroed in its thread, in
+    # its cache, not by the caller beforehand)
+    for r in range(x.shape[0]):
+        row = x[r]
+        for c in range(row.shape[0]):
+            row[c] = zero
+
+
+@kernel
+def scale_rows(x, factor):
+    # x *= factor for x (rows, W): dq·scale once its key blocks are all added
+    for r in range(x.shape[0]):
+        row = x[r]
+        for c in range(row.shape[0]):
+            row[c] = row[c] * factor
+
+
+@kernel
 def backward_item(w, inputs, all_scores, dropout, saved, grads):
     # Work item w of attention_backward_kernel: it owns dk, dv of its key blocks and
     # dq_parts[split] of its heads, in batch b's own rows and keys (as forward_item)
@@ -828,6 +848,8 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
     kp = np.empty((n_own, ((width + NR - 1) // NR) * BK * NR), dtype)
     dkt = np.zeros((n_own, wcols, BK), dtype)           # their dk and dv, transposed
     dvt = np.zeros((n_own, vcols, BK), dtype)
+    for h in range(g * group, (g + 1) * group):          # this split's dq rows start at 0
+        zero_rows(grads.dq_parts[split, ob, h, q0:q1], dtype.type(0))
     for o in range(n_own):
         j0 = (split + o * n_splits) * BK
         n_keys = min(BK, n_keys_all - j0)
@@ -862,6 +884,10 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
                     at = BlockPair(i0, rows, j0, min(BK, n_keys_all - j0), n_keys_all, first)
                     backward_pair(qb, KeyBlock(kt[o], vt[o], kp[o]), at, dqh, dkt[o], dvt[o],
                                   scores, head, dropout, dsh, store_ds, sc)
+    if n_splits == 1:                             # one split: dq = its part·scale, here, in
+        scale = dtype.type(scores.scale)          # the dtype (as the caller's dq *= scale)
+        for h in range(g * group, (g + 1) * group):
+            scale_rows(grads.dq_parts[0, ob, h, q0:q1], scale)
     dk_first = row_at(grads.dk, ob, g, k0)
     dv_first = row_at(grads.dv, ob, g, k0)
     for o in range(n_own):                        # dk (scaled) and dv: transposed back

@@ -76,8 +76,9 @@ ForwardResults = namedtuple("ForwardResults", "out lse row_max row_sum weights s
 #: norm (B, H, L) -- each row's Σ_j exp(s_j - lse), 1 unless lse lost log l to rounding.
 Saved = namedtuple("Saved", "dout out lse norm")
 
-#: What the backward kernel writes: dq_parts (n_splits, B, H, L, E) unscaled (the caller sums
-#: the splits and scales), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, and
+#: What the backward kernel writes: dq_parts (n_splits, B, H, L, E), every entry (the items zero
+#: their own rows first; with one split they scale dq too, else the caller sums the splits
+#: and scales), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) per broadcast batch, and
 #: dscores (B, H, L, S) -- the gradient of the masked scores -- when store_ds.
 Gradients = namedtuple("Gradients", "dq_parts dk dv dscores store_ds")
 
