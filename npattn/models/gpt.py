@@ -180,16 +180,25 @@ class Block(Module):
     def forward(self, x, cache=None, start=0):
         """x (B, T, C) -> (B, T, C); ``cache``, ``start``: attention's KV cache (inference,
         see CausalSelfAttention.forward)."""
-        x = x + self.attn(self.ln_1(x), cache, start)               # x1
-        return x + self.mlp(self.ln_2(x))                           # x2
+        # each residual sum is added into the branch's output, a fresh array no module keeps
+        # (ln_1 and ln_2 keep their inputs x and x1 for backward: those stay as they are)
+        x1 = self.attn(self.ln_1(x), cache, start)
+        x1 += x                                                     # x1 = x + attn(ln_1(x))
+        x2 = self.mlp(self.ln_2(x1))
+        x2 += x1                                                    # x2 = x1 + mlp(ln_2(x1))
+        return x2
 
     def backward(self, dout):
         """dx = dx1 + ln_1'ᵀ·attn'ᵀ·dx1 with dx1 = dout + ln_2'ᵀ·mlp'ᵀ·dout: each residual
         stream's gradient reaches both its branch and, unchanged, the stream below."""
         # x2 = x1 + mlp(ln_2(x1)): x1 is used twice, so its gradient is the sum of both uses
-        dx1 = dout + self.ln_2.backward(self.mlp.backward(dout))
+        # (added into the branch's gradient, a fresh array, as forward adds)
+        dx1 = self.ln_2.backward(self.mlp.backward(dout))
+        dx1 += dout
         # x1 = x + attn(ln_1(x)): the same rule one branch down
-        return dx1 + self.ln_1.backward(self.attn.backward(dx1))
+        dx = self.ln_1.backward(self.attn.backward(dx1))
+        dx += dx1
+        return dx
 
 
 class Transformer(Module):
