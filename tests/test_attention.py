@@ -1006,6 +1006,51 @@ def test_same_call_twice_gives_the_same_bits():
         assert a.tobytes() == b.tobytes()
 
 
+@st.composite
+def option_sequences(draw):
+    """Shapes (batch dims broadcasting or not) and a sequence of 2-5 calls on them, each with
+    its own score options: what the layout cache of _prepare is keyed on."""
+    batch_q = draw(st.sampled_from([(), (2,), (1, 2), (2, 1)]))
+    batch_k = draw(st.sampled_from([batch_q, (1,), ()]))
+    heads, L, S, E = (draw(st.integers(1, 3)), draw(st.integers(1, 40)), draw(st.integers(1, 40)),
+                      draw(st.sampled_from([4, 8, 16])))
+    options = st.fixed_dictionaries({
+        "is_causal": st.booleans(),
+        "causal_alignment": st.sampled_from(["top-left", "bottom-right"]),
+        "scale": st.none() | st.sampled_from([0.1, 0.5, 2.0]),
+        "window": st.none() | st.tuples(st.integers(0, 8), st.integers(0, 8)),
+        "softcap": st.none() | st.sampled_from([1.0, 5.0]),
+        "dropout_p": st.sampled_from([0.0, 0.0, 0.5]),
+        "seed": st.integers(0, 3)})
+    calls = draw(st.lists(options, min_size=2, max_size=5))
+    return batch_q, batch_k, heads, L, S, E, calls
+
+
+@given(case=option_sequences(), dtype=dtypes)
+def test_calls_of_one_shape_with_other_options_get_their_own_layout(case, dtype):
+    """_prepare caches the index maps and score record of calls without a mask, ALiBi, sinks
+    or varlen by their shapes and options: a call must give the bits it gives with the cache
+    empty, whatever calls of the same shapes (other options) came before it."""
+    from npattn.functional import attention as functional
+    batch_q, batch_k, heads, L, S, E, calls = case
+    rng = np.random.default_rng(5)
+    q = make_values(rng, batch_q + (heads, L, E), dtype)
+    k, v = (make_values(rng, batch_k + (heads, S, E), dtype) for _ in range(2))
+    dout = make_values(rng, np.broadcast_shapes(batch_q, batch_k) + (heads, L, E), dtype)
+
+    def both(kw):
+        out, lse = scaled_dot_product_attention_forward(q, k, v, **kw)
+        return [out, lse, *scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw)]
+
+    fresh = []
+    for kw in calls:                       # each call alone: computed with the cache empty
+        functional._plain_layout.cache_clear()
+        fresh.append(both(kw))
+    for i in (*range(len(calls)), *reversed(range(len(calls)))):   # then one after another
+        for a, b in zip(both(calls[i]), fresh[i]):
+            assert a.tobytes() == b.tobytes(), calls[i]
+
+
 @pytest.mark.parametrize("layout", ["fortran", "transposed", "sliced", "negative", "readonly"])
 def test_layout_does_not_change_the_bits(layout):
     """Kernels only ever see C-contiguous copies, so the memory layout cannot change a bit."""

@@ -28,8 +28,12 @@ work items and tiles; tests/test_call_maps.py checks every name and arrow of bot
     scaled_dot_product_attention_varlen_backward -> _varlen_run, _normalisers, _run_backward,
                                              _sink_gradient
     _varlen_run -> _checks.varlen_args, _prepare
-    _prepare    -> _stack, engine     # run.kernels: the "attention" engine instance of the
-                                      # dtype's register tile (kernels/tiles.py::engine)
+    _prepare    -> _stacked, _plain_layout, _layout, engine   # _plain_layout: cached, for a
+                                      # call without mask, ALiBi, sinks or varlen; run.kernels:
+                                      # the "attention" engine instance of the dtype's
+                                      # register tile (kernels/tiles.py::engine)
+    _plain_layout -> _index_map, _plain_parts
+    _layout     -> _index_map, _plain_parts, _dropout_base
     _backward   -> _run_backward, _sink_gradient, _gradients
     _run_forward  -> _forward_blocks, kernels/attention.py::attention_forward_kernel
     _run_backward -> _splits, kernels/attention.py::attention_backward_kernel
@@ -105,6 +109,7 @@ Edge cases (tests/test_numerics_edges.py), in float32 and float64:
   or scale the values down). Backward's dout·valueᵀ and D are float32 sums likewise.
 """
 import collections
+import functools
 import math
 
 import numpy as np
@@ -137,18 +142,6 @@ DECODE_ITEMS = 8
 DECODE_MIN_CHUNK = 64
 
 
-def _stack(x, batch, lead_ndim):
-    """x (..., [heads,] N, W) as a stack (Bx, heads, N, W) and the index map (B,) from each
-    flattened broadcast batch to its stored batch: broadcasting repeats indices, never data."""
-    shape = (1,) * (lead_ndim + 3 - x.ndim) + x.shape            # (*batch_x, heads, N, W)
-    stored = shape[:-3]
-    x4 = x.reshape((math.prod(stored),) + shape[-3:])             # (Bx, heads, N, W)
-    if stored == batch:                                           # nothing broadcast
-        return x4, np.arange(x4.shape[0], dtype=np.int64)
-    index = np.broadcast_to(np.arange(x4.shape[0], dtype=np.int64).reshape(stored), batch)
-    return x4, index.flatten()                                    # (B,) (a writeable copy)
-
-
 #: One call's view for the engine (_prepare): ``kernels`` the attention engine of the dtype's
 #: register tile; ``inputs``, ``scores``, ``dropout`` the kernels' records
 #: (kernels/attention_state.py); ``shape`` the broadcast batch dims + (H, L); ``n_batch`` their
@@ -163,17 +156,114 @@ def _prepare(args, cu_seqlens=None):
     (cu_q, cu_k), int64: a packed variable-length batch (varlen), whose args hold the stacks
     (H, total, E) without batch dims; sequence s is then batch s of the engine, rows cu_q[s]
     .. cu_q[s + 1] and keys cu_k[s] .. cu_k[s + 1] of them, its results those rows of one
-    result batch."""
+    result batch.
+
+    Without a mask, ALiBi slopes, sinks or varlen -- every call of a GPT's training step --
+    everything but the stacks and the dropout stream is a function of the shapes and options
+    alone, and comes from a cache of such layouts (_plain_layout): rebuilding its dozen small
+    arrays was most of this function's time."""
     batch, heads, options = args.batch, args.heads, args.options
     lead = len(batch)
-    q4, qi = _stack(args.query, batch, lead)                     # (Bq, H, L, E)
-    k4, ki = _stack(args.key, batch, lead)                       # (Bk, Hkv, S, E)
-    v4, vi = _stack(args.value, batch, lead)                     # (Bv, Hkv, S, Ev)
-    mask = options.attn_mask
+    q4, k4, v4 = (_stacked(x, lead) for x in (args.query, args.key, args.value))
     dtype = q4.dtype
-    bool_planes, float_planes, kind = NO_BOOL, NO_FLOAT[dtype], NO_MASK
-    n_items = math.prod(batch) if cu_seqlens is None else cu_seqlens[0].shape[0] - 1
-    plane_of = np.zeros(n_items * heads, np.int64)               # (B·H,): B sequences (varlen)
+    if (cu_seqlens is None and options.attn_mask is None and options.alibi_slopes is None
+            and options.sinks is None):                # (the record is then hashable: a key;
+        index, lengths, scores, base = _plain_layout(  # dropout is not part of the layout)
+            batch, heads, tuple(_stored(x, lead) for x in (args.query, args.key, args.value)),
+            q4.shape[2], k4.shape[2], dtype, options._replace(dropout_p=0.0, seed=0))
+    else:
+        index, lengths, scores, base = _layout(args, q4, k4, cu_seqlens)
+    p = options.dropout_p
+    dropout = Dropout(stream=stream_key(options.seed),
+                      threshold=keep_threshold(p) if p > 0 else np.uint64(0),
+                      scale=kept_scale(p, dtype), base=base)
+    return Run(kernels=engine("attention", dtype),
+               inputs=Inputs(q4, k4, v4, *index, *lengths),
+               scores=scores, dropout=dropout, shape=batch + (heads, q4.shape[2]),
+               n_batch=math.prod(batch), out_ndim=args.out_ndim)
+
+
+def _stacked(x, lead_ndim):
+    """x (..., [heads,] N, W) as a stack (Bx, heads, N, W): a view (x is C-contiguous)."""
+    shape = (1,) * (lead_ndim + 3 - x.ndim) + x.shape            # (*batch_x, heads, N, W)
+    return x.reshape((math.prod(shape[:-3]),) + shape[-3:])
+
+
+def _stored(x, lead_ndim):
+    """x's own batch dims, padded with 1s to the broadcast batch's rank (*batch_x)."""
+    return ((1,) * (lead_ndim + 3 - x.ndim) + x.shape)[:-3]
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_layout(batch, heads, stored, n_rows, n_keys, dtype, options):
+    """_layout for a call without mask, ALiBi, sinks or varlen, from what it depends on: the
+    broadcast batch, the heads, each input's stored batch dims (``stored``: _stored of q, k,
+    v), L, S, the dtype and the options (an AttentionOptions without dropout). Cached: the
+    arrays are read by the kernels and never written, so calls of the same shapes share them."""
+    index = tuple(_index_map(s, batch) for s in stored)
+    return _plain_parts(batch, heads, index, n_rows, n_keys, dtype, options)
+
+
+def _index_map(stored, batch):
+    """(B,) int64: the stored batch of each flattened broadcast batch -- broadcasting repeats
+    indices, never data."""
+    if stored == batch:
+        return np.arange(math.prod(batch), dtype=np.int64)
+    return np.broadcast_to(np.arange(math.prod(stored), dtype=np.int64).reshape(stored),
+                           batch).flatten()                               # (a writeable copy)
+
+
+def _plain_parts(batch, heads, index, n_rows, n_keys, dtype, options):
+    """(index maps, per-batch lengths, Scores, dropout base) of ``options`` (an
+    AttentionOptions) but its mask, ALiBi slopes and sinks."""
+    n_batch = math.prod(batch)
+    left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in options.window)
+    q_start = k_start = np.zeros(n_batch, np.int64)
+    q_len, k_len = np.full(n_batch, n_rows, np.int64), np.full(n_batch, n_keys, np.int64)
+    out_batch = np.arange(n_batch, dtype=np.int64)
+    no_values = NO_HEAD_VALUES[dtype]
+    scores = Scores(scale=options.scale, mask_kind=NO_MASK, bool_planes=NO_BOOL,
+                    float_planes=NO_FLOAT[dtype],
+                    plane_of=np.zeros(n_batch * heads, np.int64), causal=options.is_causal,
+                    offset=k_len - q_len if options.bottom_right else np.zeros_like(q_len),
+                    window_left=left, window_right=right, alibi=False, slopes=no_values,
+                    softcap=0.0 if options.softcap is None else options.softcap, sinks=False,
+                    sink_logits=no_values)
+    return (index, (q_start, q_len, k_start, k_len, out_batch), scores,
+            _dropout_base(q_len, k_len, heads))
+
+
+def _dropout_base(q_len, k_len, heads):
+    """Each batch's first dropout index: the batches' (H, L_b, S_b) blocks one after another."""
+    sizes = q_len * k_len
+    base = np.zeros_like(sizes)
+    np.cumsum(sizes[:-1], out=base[1:])
+    return base * heads
+
+
+def _layout(args, q4, k4, cu_seqlens):
+    """(index maps (qi, ki, vi), per-batch lengths (q_start, q_len, k_start, k_len,
+    out_batch), Scores, dropout base) of any call: what _prepare builds besides the stacks --
+    _plain_parts, then what a varlen batch, a mask, ALiBi slopes and sinks change in them."""
+    batch, heads, options = args.batch, args.heads, args.options
+    lead = len(batch)
+    dtype = q4.dtype
+    index = tuple(_index_map(_stored(x, lead), batch) for x in (args.query, args.key, args.value))
+    index, lengths, scores, base = _plain_parts(batch, heads, index, q4.shape[2], k4.shape[2],
+                                                dtype, options)
+    slope_batch = batch
+    if cu_seqlens is not None:                                   # (n_seq,) each
+        cu_q, cu_k = cu_seqlens
+        q_len, k_len = np.diff(cu_q), np.diff(cu_k)
+        n_seq = q_len.shape[0]
+        index = (np.zeros(n_seq, np.int64),) * 3                 # one stack
+        lengths = (cu_q[:-1].copy(), q_len, cu_k[:-1].copy(), k_len, np.zeros(n_seq, np.int64))
+        scores = scores._replace(plane_of=np.zeros(n_seq * heads, np.int64),   # (B·H,): B
+                                 offset=(k_len - q_len if options.bottom_right  # sequences
+                                         else np.zeros_like(q_len)))
+        base = _dropout_base(q_len, k_len, heads)
+        slope_batch = q_len.shape
+    mask = options.attn_mask
     if mask is not None:                                          # (never with varlen)
         shape = (1,) * (lead + 3 - mask.ndim) + mask.shape        # (*batch_m, Hm, Lm, Sm)
         stored = shape[:-2]
@@ -181,50 +271,16 @@ def _prepare(args, cu_seqlens=None):
         plane_of = np.broadcast_to(np.arange(flat.shape[0], dtype=np.int64).reshape(stored),
                                    batch + (heads,)).flatten()     # (B·H,)
         if mask.dtype == np.bool_:
-            bool_planes, kind = flat, BOOL_MASK
+            scores = scores._replace(mask_kind=BOOL_MASK, bool_planes=flat, plane_of=plane_of)
         else:
-            float_planes, kind = flat, FLOAT_MASK
-    n_rows, n_keys = q4.shape[2], k4.shape[2]
-    n_batch = math.prod(batch)
-    if cu_seqlens is None:                                       # (B,) each
-        q_start = k_start = np.zeros(n_batch, np.int64)
-        q_len, k_len = np.full(n_batch, n_rows, np.int64), np.full(n_batch, n_keys, np.int64)
-        out_batch = np.arange(n_batch, dtype=np.int64)
-        slope_batch = batch
-    else:                                                        # (n_seq,) each
-        cu_q, cu_k = cu_seqlens
-        q_start, k_start = cu_q[:-1].copy(), cu_k[:-1].copy()
-        q_len, k_len = np.diff(cu_q), np.diff(cu_k)
-        qi = ki = vi = np.zeros(q_len.shape[0], np.int64)        # one stack
-        out_batch = np.zeros(q_len.shape[0], np.int64)
-        slope_batch = q_len.shape
-    p = options.dropout_p
-    left, right = (UNBOUNDED if n is None else min(n, UNBOUNDED) for n in options.window)
-    slopes, sinks = NO_HEAD_VALUES[dtype], NO_HEAD_VALUES[dtype]
+            scores = scores._replace(mask_kind=FLOAT_MASK, float_planes=flat, plane_of=plane_of)
     if options.alibi_slopes is not None:                         # (B·H,)
-        slopes = np.ascontiguousarray(np.broadcast_to(options.alibi_slopes,
-                                                      slope_batch + (heads,)))
-        slopes = slopes.reshape(-1)
+        slopes = np.broadcast_to(options.alibi_slopes, slope_batch + (heads,))
+        scores = scores._replace(alibi=True, slopes=np.ascontiguousarray(slopes).reshape(-1))
     if options.sinks is not None:                                # (B·H,)
-        sinks = np.ascontiguousarray(np.broadcast_to(options.sinks, slope_batch + (heads,)))
-        sinks = sinks.reshape(-1)
-    sizes = q_len * k_len                                        # dropout: (H, L_b, S_b) each
-    base = np.zeros_like(sizes)
-    np.cumsum(sizes[:-1], out=base[1:])
-    scores = Scores(scale=options.scale, mask_kind=kind, bool_planes=bool_planes,
-                    float_planes=float_planes, plane_of=plane_of, causal=options.is_causal,
-                    offset=k_len - q_len if options.bottom_right else np.zeros_like(q_len),
-                    window_left=left, window_right=right,
-                    alibi=options.alibi_slopes is not None, slopes=slopes,
-                    softcap=0.0 if options.softcap is None else options.softcap,
-                    sinks=options.sinks is not None, sink_logits=sinks)
-    dropout = Dropout(stream=stream_key(options.seed),
-                      threshold=keep_threshold(p) if p > 0 else np.uint64(0),
-                      scale=kept_scale(p, dtype), base=base * heads)
-    return Run(kernels=engine("attention", dtype),
-               inputs=Inputs(q4, k4, v4, qi, ki, vi, q_start, q_len, k_start, k_len, out_batch),
-               scores=scores, dropout=dropout, shape=batch + (heads, n_rows),
-               n_batch=n_batch, out_ndim=args.out_ndim)
+        sinks = np.broadcast_to(options.sinks, slope_batch + (heads,))
+        scores = scores._replace(sinks=True, sink_logits=np.ascontiguousarray(sinks).reshape(-1))
+    return index, lengths, scores, base
 
 
 def _run_forward(run, store_weights):
