@@ -18,6 +18,8 @@ Options
                          compiled in this process and the same kernel loaded from Numba's disk
                          cache give different bits (measured: log_softmax rows, 1 ulp) -- and
                          the same inputs must give the same outputs.
+``pipeline_class=FullWidthCompiler``  every function carries ``"prefer-vector-width"="512"``
+                         (see "Vector width" below).
 
 The disk cache
 --------------
@@ -60,6 +62,29 @@ served, slow, to a process that has it. npattn guards the cache both ways: while
 kernels are compiled without the cache (:class:`ThreadSafeKernel` keeps an uncached twin), so
 an entry in the cache was always compiled with SLP.
 
+Vector width
+------------
+LLVM's tuning for Intel's AVX-512 cores (``skylake-avx512`` … ``graniterapids``, ``x86-64-v4``;
+AMD's Zen 4 and 5 do not have it) sets ``prefer-256-bit``: the loop and SLP vectorisers then
+build 256-bit (ymm) vectors, half of what the CPU has. LLVM reads a function attribute first,
+``"prefer-vector-width"="512"``, so every function of npattn's kernels carries it: the kernels
+compile through :class:`FullWidthCompiler` (``pipeline_class`` in :data:`OPTIONS`), Numba's
+compiler with one change -- its target context adds the attribute to each function it lowers
+(``post_lowering``), the ``prange`` bodies Numba compiles apart included (they are lowered in a
+copy of the same context). On a CPU without AVX-512 the attribute changes nothing (LLVM takes
+the narrower of it and the registers); on AMD's it is already the default. It is part of the
+compiled code, so the disk cache stays correct; the process's other Numba functions are not
+touched. Measured on an Intel Xeon (Emerald Rapids, ``emeraldrapids``), the baby GPT's step
+against PyTorch's in the same run: 0.89× with ymm loops, 0.96× with zmm (the GEMM's packing and
+small products, GELU, layer norm and the embedding gained; attention and cross-entropy did not
+move; docs/architecture.md §5).
+
+llvmlite's IR builder takes only the attributes it knows (``FunctionAttributes.add`` refuses
+this one), so it is added to the function's attribute set directly: llvmlite internals. If a
+version of llvmlite or Numba no longer allows it, :data:`FULL_WIDTH` says why, the kernels
+compile without it (narrower on Intel, the same results elsewhere) under a cache key of their
+own, and ``npattn info`` says so.
+
 Threading policy
 ----------------
 Numba runs ``prange`` loops on one of three threading layers, picked at the first parallel
@@ -83,8 +108,10 @@ import urllib.parse
 
 import numba
 import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
 from numba import njit, types
-from numba.core import caching
+from numba.core import caching, compiler
 from numba.extending import intrinsic
 
 try:        # Numba's own C fingerprint of argument types (private API: else _arg_key alone)
@@ -95,8 +122,69 @@ except ImportError:                                         # pragma: no cover
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
 
+#: The function attribute that lifts LLVM's 256-bit preference (see "Vector width" above).
+WIDTH_ATTRIBUTE = '"prefer-vector-width"="512"'
+
+
+def _add_width_attribute(function):
+    set.add(function.attributes, WIDTH_ATTRIBUTE)   # past FunctionAttributes.add's list
+
+
+def _full_width_status():
+    """None if functions can carry :data:`WIDTH_ATTRIBUTE` here, else why not: checked on a
+    function built and parsed now (llvmlite prints it, LLVM reads it back)."""
+    try:
+        module = ir.Module("npattn_width_probe")
+        function = ir.Function(module, ir.FunctionType(ir.VoidType(), []), "probe")
+        _add_width_attribute(function)
+        ir.IRBuilder(function.append_basic_block()).ret_void()
+        text = str(module)
+        if WIDTH_ATTRIBUTE not in text:
+            return "llvmlite does not print the attribute"
+        llvm.parse_assembly(text).verify()
+    except Exception as error:                       # any change in llvmlite's internals
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+#: None when every kernel function carries WIDTH_ATTRIBUTE; else the reason it cannot.
+FULL_WIDTH = _full_width_status()
+
+_wide_contexts = {}
+
+
+def _wide_context_class(base):
+    """``base`` (Numba's CPU target context class) whose ``post_lowering`` also gives every
+    function defined in the lowered module :data:`WIDTH_ATTRIBUTE`."""
+    wide = _wide_contexts.get(base)
+    if wide is None:
+        def post_lowering(self, module, library):
+            base.post_lowering(self, module, library)
+            for function in module.functions:
+                if not function.is_declaration:
+                    _add_width_attribute(function)
+        wide = _wide_contexts[base] = type(f"FullWidth{base.__name__}", (base,),
+                                           {"post_lowering": post_lowering,
+                                            "__module__": __name__})
+    return wide
+
+
+class FullWidthCompiler(compiler.Compiler):
+    """Numba's compiler for npattn's kernels: the target context it lowers in (a copy Numba
+    makes for each compilation: ``_make_subtarget``) is given :func:`_wide_context_class`, so
+    the functions it lowers -- the ``prange`` bodies too, compiled in a copy of this context --
+    carry :data:`WIDTH_ATTRIBUTE`. Without :data:`FULL_WIDTH` it is Numba's compiler."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        context = getattr(self.state, "targetctx", None)
+        if FULL_WIDTH is None and hasattr(context, "post_lowering"):
+            context.__class__ = _wide_context_class(type(context))
+
+
 FASTMATH = {"contract", "reassoc"}
-OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+OPTIONS = dict(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy",
+               pipeline_class=FullWidthCompiler)
 
 
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -126,8 +214,9 @@ def sources_digest(package=PACKAGE):
 @functools.cache
 def cache_key():
     """The directory npattn's kernels cache in, inside the one Numba picks for them:
-    ``npattn-`` and :func:`sources_digest`, computed when the first kernel is decorated."""
-    return f"npattn-{sources_digest()}"
+    ``npattn-`` and :func:`sources_digest`, computed when the first kernel is decorated, and
+    ``-narrow`` where the kernels compile without :data:`WIDTH_ATTRIBUTE` (:data:`FULL_WIDTH`)."""
+    return f"npattn-{sources_digest()}" + ("" if FULL_WIDTH is None else "-narrow")
 
 
 class _KeyedLocator:
@@ -509,16 +598,18 @@ def _axpy(a, x, y):
         y[i] += a * x[i]
 
 
-def loop_vector_register():
-    """"zmm", "ymm" or "xmm": the registers LLVM's vectorisers choose for a plain loop (a float32
-    a·x + y, compiled now, without the cache) on the CPU Numba compiles for; None if the loop
-    was not vectorised. On Intel's AVX-512 CPUs LLVM's tuning prefers ymm here; npattn's
-    register tiles are explicit vectors and take zmm there anyway (kernels/vector_tile.py).
-    For ``npattn info``."""
+def loop_vector_register(npattns=True):
+    """"zmm", "ymm" or "xmm": the registers LLVM's vectorisers choose for a plain loop (a
+    float32 a·x + y compiled now, without the cache) on the CPU Numba compiles for -- one of
+    npattn's, through :class:`FullWidthCompiler`, or with ``npattns=False`` through Numba's own
+    compiler, as any other Numba function in the process; None if the loop was not vectorised.
+    npattn's: zmm on every AVX-512 CPU while :data:`FULL_WIDTH` holds. Numba's: ymm on Intel's
+    (LLVM's ``prefer-256-bit`` tuning). For ``npattn info``."""
     import re
     if numba.config.DISABLE_JIT:
         return None
-    probe = njit(fastmath={"contract"})(_axpy)
+    options = {"pipeline_class": FullWidthCompiler} if npattns else {}
+    probe = njit(fastmath={"contract"}, **options)(_axpy)
     probe.compile("(float32, float32[::1], float32[::1])")
     fmas = re.findall(r"vfmadd\w+\s+([^\n]*)", probe.inspect_asm(probe.signatures[0]))
     return next((r for r in ("zmm", "ymm", "xmm") if any(r in f for f in fmas)), None)

@@ -82,6 +82,8 @@ def test_every_kernel_takes_the_project_options():
         for option, value in expected.items():
             if option == "cache":  # kept apart from the target options, as the cache object
                 assert not isinstance(dispatcher._cache, numba.core.caching.NullCache), name
+            elif option == "pipeline_class":          # kept by the dispatcher's compiler
+                assert dispatcher._compiler.pipeline_class is value, f"{name}: {option}"
             else:
                 assert dispatcher.targetoptions.get(option) == value, f"{name}: {option}"
 

@@ -140,6 +140,51 @@ def test_the_tiles_run_at_full_width_on_every_cpu(cpu, features, isa, tmp_path):
         assert tile["stack"] == 0, (cpu, tile)
 
 
+LOOP_PROBE = r"""
+    import json, re
+    from npattn import _jit
+    from npattn.kernels import tiles
+    from npattn.kernels.gelu import gelu_forward_kernel
+
+    def registers(asm):
+        # the vector registers of the floating-point arithmetic (multiplies, adds, FMAs)
+        ops = re.findall(r"^\s+v(?:fmadd|fnmadd|mul|add|sub)\w*p[sd]\s+([^\n]*)", asm, re.M)
+        return {r: sum(r in o for o in ops) for r in ("zmm", "ymm")}
+
+    gelu_forward_kernel.dispatcher.compile("(Array(float32, 1, 'C'), boolean, "
+                                           "Array(float32, 1, 'C'))")
+    gelu = gelu_forward_kernel.dispatcher.inspect_asm(gelu_forward_kernel.signatures[0])
+    print(json.dumps(dict(cpu=tiles.cpu_name(), full_width=_jit.FULL_WIDTH,
+                          npattn=_jit.loop_vector_register(),
+                          numba=_jit.loop_vector_register(npattns=False),
+                          gelu=registers(gelu))))
+"""
+
+
+@pytest.mark.parametrize("cpu, features, isa", [
+    *((cpu, AVX512_FEATURES, "avx512") for cpu in (
+        "skylake-avx512", "icelake-server", "sapphirerapids", "graniterapids", "x86-64-v4",
+        "znver4")),
+    ("haswell", AVX2_FEATURES, "avx2"),
+])
+def test_the_other_loops_run_at_full_width_on_every_cpu(cpu, features, isa, tmp_path):
+    """The loops LLVM vectorises in npattn's kernels (not the tiles) use the widest registers
+    too: compiled for each CPU name in a child process, a plain loop of npattn's and GELU's
+    parallel kernel (its prange body, compiled apart by Numba, and the helpers it calls) do
+    their arithmetic in zmm on every AVX-512 CPU -- where on Intel's the same loop compiled by
+    Numba's own compiler is ymm (LLVM's prefer-256-bit tuning, which npattn's
+    "prefer-vector-width"="512" lifts: _jit.FullWidthCompiler) -- and in ymm under AVX2."""
+    probe = json.loads(run_python(LOOP_PROBE, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
+                                  NUMBA_CACHE_DIR=str(tmp_path)))
+    assert probe["cpu"] == cpu and probe["full_width"] is None, probe
+    wide, narrow = ("zmm", "ymm") if isa == "avx512" else ("ymm", "zmm")
+    assert probe["npattn"] == wide, probe
+    if cpu != "znver4" and isa == "avx512":
+        assert probe["numba"] == "ymm", probe     # Intel's tuning: what the attribute lifts
+    gelu = probe["gelu"]
+    assert gelu[wide] > 0 and gelu[wide] >= 4 * gelu[narrow], probe
+
+
 def test_using_switches_the_engine_and_restores_it():
     before = tiles.isa_in_force()
     with tiles.using(tiles.other_isas()[0]):

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import platform
 import sys
+import textwrap
 import time
 
 import llvmlite
@@ -191,15 +192,25 @@ def register_tiles():
 def vector_widths():
     """The vector registers the code uses: the tiles' (written out, so the widest the CPU has
     -- zmm wherever AVX-512F is compiled for) and, for every other loop, what LLVM's
-    vectorisers choose for this CPU, read off a probe loop compiled now (Intel's AVX-512 CPUs:
-    ymm, LLVM's ``prefer-256-bit`` tuning)."""
+    vectorisers choose for this CPU in npattn's kernels, read off a probe loop compiled now.
+    Those carry ``"prefer-vector-width"="512"`` (``_jit.FULL_WIDTH``), so Intel's AVX-512 CPUs,
+    whose LLVM tuning prefers ymm, get zmm too; where llvmlite no longer lets npattn set it,
+    the note says so and why."""
     register = _jit.loop_vector_register()
     bits = {"zmm": "512-bit (zmm)", "ymm": "256-bit (ymm)", "xmm": "128-bit (xmm)"}
     avx512 = "avx512f" in tiles.cpu_features()
     tile = bits["zmm"] if avx512 else bits["ymm"]
     loops = bits.get(register, "not vectorised")
-    note = ("LLVM's tuning for this CPU prefers 256-bit vectors in the loops it vectorises"
-            if avx512 and register == "ymm" else "")
+    default = _jit.loop_vector_register(npattns=False) if avx512 else register
+    if _jit.FULL_WIDTH is not None:
+        note = ("npattn could not give its loops the attribute \"prefer-vector-width\"=\"512\" "
+                f"({_jit.FULL_WIDTH}): they take LLVM's default width for this CPU")
+    elif register != default:
+        note = (f"LLVM's tuning for this CPU prefers {bits.get(default, default)} vectors; "
+                "npattn's kernels carry \"prefer-vector-width\"=\"512\", other Numba code "
+                "keeps the default")
+    else:
+        note = ""
     return dict(tiles=tile, loops=loops, note=note)
 
 
@@ -332,8 +343,8 @@ def report(facts, out=None):
         "  (MR×NR: GEMM; attention)")
     w = facts["widths"]
     say(f"  vector width     register tiles {w['tiles']}, other loops {w['loops']}")
-    if w["note"]:
-        say(f"                   ({w['note']})")
+    for line in textwrap.wrap(f"({w['note']})" if w["note"] else "", 78):
+        say(f"                   {line}")
 
     say()
     say("Environment (variables that change NumPy's BLAS or Numba)")
