@@ -14,6 +14,13 @@ tile is checked against NumPy's float64 product of the same panels.
 Rounds are interleaved (every candidate once per round, in turn), and the median and best of
 ``--rounds`` are reported: on a shared machine a slow round hits one candidate, not a column.
 
+The first row of each dtype is the core's **FMA peak**, measured in the same rounds: CHAINS
+independent fused multiply-adds on vectors of the family's register width (zmm for avx512, ymm
+for avx2), written as LLVM vectors as the tiles are, no memory access -- as many FLOPs a
+cycle as the core retires, at the clock it keeps while doing so (which a CPU's nominal clock
+does not tell: AVX-512 code may run slower, a boost faster). Each tile's "% of peak" is its
+median against the peak's median.
+
 ``--isa avx2`` re-executes the benchmark with Numba told a Haswell-class CPU
 (``NUMBA_CPU_NAME=haswell`` and AVX-512 features off): the code an AVX2-only CPU (Zen 2/3,
 Haswell..Comet Lake) gets, run here -- the instruction mix and register count of that code,
@@ -33,6 +40,7 @@ DEFAULT_TILES = ("4x16:float32,5x16:float32,6x16:float32,8x16:float32,"
                  "4x32:float32,6x32:float32,8x32:float32,12x32:float32,"
                  "4x8:float64,5x8:float64,6x8:float64,8x8:float64,6x16:float64,8x16:float64")
 KC = 256
+CHAINS = 12   # independent FMA chains: ≥ latency (4) × FMA ports (2), ≤ 16 registers with 2 more
 
 
 def parse_args(argv):
@@ -96,6 +104,62 @@ def build(mr, nr, dtype, np, njit):
     return loop, ap, bp, tile
 
 
+def build_peak(dtype, np, njit):
+    """(loop, flops per call of ``loop(reps, x)``): CHAINS chains of vector fused
+    multiply-adds, ``reps`` steps each, on vectors one register of the family in force wide;
+    the loop returns their sum (so no step is dead code)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from npattn.kernels import tiles
+    lanes = tiles.VECTOR_BYTES[tiles.isa_in_force()] // np.dtype(dtype).itemsize
+
+    @intrinsic
+    def chains(typingctx, reps, x):
+        def codegen(context, builder, signature, values):
+            count, value = values
+            element = context.get_value_type(signature.args[1])
+            vector = ir.VectorType(element, lanes)
+            width = "f32" if dtype == "float32" else "f64"
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vector, [vector] * 3),
+                f"llvm.fma.v{lanes}{width}")
+            undefined = ir.Constant(vector, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+            xs = builder.shuffle_vector(
+                builder.insert_element(undefined, value, ir.Constant(ir.IntType(32), 0)),
+                undefined, splat)
+            # a = x·(1 - 2^-20): for 0 < x <= 1, acc -> acc·a + x converges (no overflow)
+            shrink = ir.Constant(vector, [ir.Constant(element, 1.0 - 2.0 ** -20)] * lanes)
+            a = builder.fmul(xs, shrink)
+            accs = [cgutils.alloca_once_value(
+                builder, builder.fmul(xs, ir.Constant(vector, [ir.Constant(element, i)] * lanes)))
+                for i in range(CHAINS)]
+            with cgutils.for_range(builder, count):
+                for acc in accs:
+                    builder.store(builder.call(fma, [builder.load(acc), a, xs]), acc)
+            total = builder.load(accs[0])
+            for acc in accs[1:]:
+                total = builder.fadd(total, builder.load(acc))
+            result = builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+            for i in range(1, lanes):
+                result = builder.fadd(result, builder.extract_element(
+                    total, ir.Constant(ir.IntType(32), i)))
+            return result
+        return x(types.int64, x), codegen
+
+    @njit(nogil=True)
+    def loop(reps, x):
+        return chains(reps, x)
+
+    x = np.dtype(dtype).type(0.5)
+    if not np.isfinite(loop(1000, x)):
+        raise SystemExit(f"FMA peak probe ({dtype}): not finite; not timing it")
+    return loop, x, 2.0 * CHAINS * lanes
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -116,8 +180,17 @@ def main(argv=None):
         loop, ap, bp, tile = build(mr, nr, dtype, np, njit)
         reps = max(1, int(args.flops / (2 * mr * nr * KC)))
         cases.append((f"{mr}×{nr}", dtype, loop, reps, ap, bp, tile, 2.0 * mr * nr * KC * reps))
+    peaks = {}
+    for dtype in dict.fromkeys(d for *_, d in candidates):
+        loop, x, per_step = build_peak(dtype, np, njit)
+        peaks[dtype] = (loop, x, max(1, int(args.flops / per_step)), per_step)
     rates = {(name, dtype): [] for name, dtype, *_ in cases}
+    peak_rates = {dtype: [] for dtype in peaks}
     for _ in range(args.rounds):
+        for dtype, (loop, x, reps, per_step) in peaks.items():
+            start = time.perf_counter()
+            loop(reps, x)
+            peak_rates[dtype].append(per_step * reps / (time.perf_counter() - start) / 1e9)
         for name, dtype, loop, reps, ap, bp, tile, flops in cases:
             start = time.perf_counter()
             loop(reps, KC, ap, bp, tile)
@@ -129,9 +202,14 @@ def main(argv=None):
     print(f"GEMM micro-kernel, KC = {KC}, one thread, GFLOP/s over {args.rounds} interleaved "
           f"rounds\n{cpu_model()}; {target}; Numba {numba.__version__}; commit {git_commit()}\n"
           f"command: python -m benchmarks.micro_kernel {' '.join(argv)}\n")
-    print("| tile | dtype | median GFLOP/s | best GFLOP/s |\n|---|---|---:|---:|")
-    for (name, dtype), values in rates.items():
-        print(f"| {name} | {dtype} | {statistics.median(values):.1f} | {max(values):.1f} |")
+    print("| tile | dtype | median GFLOP/s | best GFLOP/s | % of peak |\n|---|---|---:|---:|---:|")
+    for dtype, values in peak_rates.items():
+        peak = statistics.median(values)
+        print(f"| FMA peak ({CHAINS} chains) | {dtype} | {peak:.1f} | {max(values):.1f} | 100 |")
+        for (name, dt), values in rates.items():
+            if dt == dtype:
+                print(f"| {name} | {dtype} | {statistics.median(values):.1f} | "
+                      f"{max(values):.1f} | {100 * statistics.median(values) / peak:.0f} |")
     return 0
 
 
