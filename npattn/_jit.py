@@ -75,9 +75,9 @@ copy of the same context). On a CPU without AVX-512 the attribute changes nothin
 the narrower of it and the registers); on AMD's it is already the default. It is part of the
 compiled code, so the disk cache stays correct; the process's other Numba functions are not
 touched. Measured on an Intel Xeon (Emerald Rapids, ``emeraldrapids``), the baby GPT's step
-against PyTorch's in the same run: 0.89× with ymm loops, 0.96× with zmm (the GEMM's packing and
-small products, GELU, layer norm and the embedding gained; attention and cross-entropy did not
-move; docs/architecture.md §5).
+against PyTorch's in the same run: 0.85–0.89× with ymm loops, 0.92–0.95× with zmm (the GEMM's
+packing and small products, GELU, layer norm and the embedding gained; attention and
+cross-entropy did not move; docs/architecture.md §9.6).
 
 llvmlite's IR builder takes only the attributes it knows (``FunctionAttributes.add`` refuses
 this one), so it is added to the function's attribute set directly: llvmlite internals. If a

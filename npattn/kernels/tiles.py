@@ -35,7 +35,11 @@ float32 beat 4×16 by 12–14 %, 6×8 float64 beat 4×8 by 10–15 %, and whole 
 thread gained 15–20 % (the SLP vectoriser's 6×16 spilled and ran at half speed, which is why
 4×16 was the AVX2 tile before). AVX-512 on an AMD EPYC Zen 5 (``znver5``), the SLP code of the same shape:
 float32 **8×32 229**, 6×32 228, 4×32 200, 16×16 213, 12×16 196, 8×16 182; float64 **8×16
-115**, 6×16 111, 12×8 105, 8×8 91.
+115**, 6×16 111, 12×8 105, 8×8 91. AVX-512 on an Intel Xeon of the Emerald Rapids generation
+(``emeraldrapids``, 2 × 512-bit FMA per cycle), the explicit vector tiles in zmm, against the
+core's FMA peak measured in the same rounds (176 / 88 GFLOP/s), 2026-12-06: float32 **8×32
+173** (98 %), 6×32 176, 12×32 173, 8×16 151, 4×32 147; float64 **8×16 85** (97 %), 6×16 87,
+8×8 75 -- the tiles in force are within the rounds' noise of the best, at the peak.
 
 Which family is in force: ``NPATTN_ISA=avx2|avx512`` when set, else the host's: ``avx512``
 when the CPU features Numba compiles for (``NUMBA_CPU_FEATURES``, else the host's as Numba
