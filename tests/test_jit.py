@@ -1,5 +1,6 @@
 """The Numba policy of npattn._jit: options, lazy compilation, and thread safety."""
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -316,3 +317,39 @@ def test_serial_twins_give_the_kernels_bits(dtype):
         kernel.serial(*twin)
         for i in outputs:
             assert np.array_equal(args[i], twin[i], equal_nan=True), (kernel.__name__, i)
+
+
+def test_without_the_width_attribute_the_kernels_compile_narrower_and_info_says_why(tmp_path):
+    """If llvmlite stops carrying the function attribute "prefer-vector-width"="512" (here its
+    printer drops attributes it does not list), npattn notices at import (_jit.FULL_WIDTH),
+    compiles its kernels without it -- correct results, a cache directory of their own -- and
+    ``npattn info`` says so. (Compiled for an Intel CPU name, where it decides the width.)"""
+    out = run_python("""
+        import json
+        from llvmlite.ir import values
+        listed = values.FunctionAttributes._to_list
+        def printer_without_strings(self, ret_type):
+            return [a for a in listed(self, ret_type) if not a.startswith('"')]
+        values.FunctionAttributes._to_list = printer_without_strings
+        import numpy as np, npattn
+        from npattn import _jit
+        from npattn.tools import info
+        x = np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32)
+        y = npattn.softmax(x, dim=-1)
+        e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+        widths = info.vector_widths()
+        print(json.dumps(dict(reason=_jit.FULL_WIDTH, key=_jit.cache_key(),
+                              error=float(np.abs(y - e / e.sum(-1, keepdims=True)).max()),
+                              loops=_jit.loop_vector_register(), note=widths["note"])))
+    """, NUMBA_CPU_NAME="sapphirerapids", NUMBA_CACHE_DIR=str(tmp_path))
+    probe = json.loads(out.strip().splitlines()[-1])
+    assert probe["reason"] == "llvmlite does not print the attribute", probe
+    assert probe["key"].endswith("-narrow"), probe
+    assert probe["error"] < 1e-6, probe
+    assert probe["loops"] == "ymm", probe                 # Intel's tuning, not lifted
+    assert "could not give its loops" in probe["note"] and probe["reason"] in probe["note"]
+
+
+def test_with_the_width_attribute_the_cache_key_is_plain():
+    assert _jit.FULL_WIDTH is None
+    assert not _jit.cache_key().endswith("-narrow")
