@@ -15,7 +15,9 @@ STDLIB = set(sys.stdlib_module_names)
 
 # module (or package prefix) -> third-party and npattn modules it may import (prefix match)
 ALLOWED = {
-    "npattn._jit": {"numba", "numpy"},
+    # the policy module adds the full-width function attribute through llvmlite (Numba's own
+    # dependency, never a new one): docs/architecture.md §9.6
+    "npattn._jit": {"numba", "numpy", "llvmlite"},
     "npattn._checks": {"numpy"},
     "npattn.reference": {"numpy"},
     # (first match wins) the register tile and the packing write LLVM IR: llvmlite, which
