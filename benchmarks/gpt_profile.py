@@ -279,9 +279,9 @@ def _measure(profile, recorder, run, steps, also=None):
             also()
 
 
-def profile_train(sizes, steps, recorder=None, also=None):
-    """Profile of ``steps`` training steps of bench_gpt's train-step case at ``sizes`` =
-    (n_layer, n_head, n_embd, block_size, batch); ``also`` as for _measure."""
+def train_workload(sizes):
+    """bench_gpt's train-step case at ``sizes`` = (n_layer, n_head, n_embd, block_size,
+    batch): one step (zero_grad, forward, backward, AdamW.step) as a function of nothing."""
     from npattn import optim
     from npattn.models import GPT
 
@@ -300,24 +300,38 @@ def profile_train(sizes, steps, recorder=None, also=None):
         model(x, y)
         model.backward()
         opt.step()
-    profile = Profile(f"train step L{n_layer} H{n_head} C{n_embd} T{block_size} B{batch}",
-                      "step")
-    _measure(profile, recorder or Recorder(), step, steps, also)
-    return profile
+    return step
 
 
-def profile_generate(sizes, steps, recorder=None):
-    """Profile of ``steps`` generations of bench_gpt's generate case at ``sizes`` =
-    (n_layer, n_head, n_embd, block_size, prompt, new), sampled (temperature 1, seed 0)."""
+def generate_workload(sizes):
+    """bench_gpt's generate case at ``sizes`` = (n_layer, n_head, n_embd, block_size, prompt,
+    new), sampled (temperature 1, seed 0): one generation as a function of nothing."""
     from npattn.models import GPT
 
     from .bench_gpt import VOCAB, config
     n_layer, n_head, n_embd, block_size, prompt, new = sizes
     model = GPT(config(n_layer, n_head, n_embd, block_size), rng=0)
     idx = np.random.default_rng(2).integers(0, VOCAB, (1, prompt))    # (1, prompt)
+    return lambda: model.generate(idx, new, seed=0)
+
+
+def profile_train(sizes, steps, recorder=None, also=None):
+    """Profile of ``steps`` training steps of bench_gpt's train-step case at ``sizes`` =
+    (n_layer, n_head, n_embd, block_size, batch); ``also`` as for _measure."""
+    n_layer, n_head, n_embd, block_size, batch = sizes
+    profile = Profile(f"train step L{n_layer} H{n_head} C{n_embd} T{block_size} B{batch}",
+                      "step")
+    _measure(profile, recorder or Recorder(), train_workload(sizes), steps, also)
+    return profile
+
+
+def profile_generate(sizes, steps, recorder=None):
+    """Profile of ``steps`` generations of bench_gpt's generate case at ``sizes`` =
+    (n_layer, n_head, n_embd, block_size, prompt, new), sampled (temperature 1, seed 0)."""
+    n_layer, n_head, n_embd, block_size, prompt, new = sizes
     profile = Profile(f"generate L{n_layer} H{n_head} C{n_embd} T{block_size} "
                       f"{prompt}→+{new} tokens", "generation")
-    _measure(profile, recorder or Recorder(), lambda: model.generate(idx, new, seed=0), steps)
+    _measure(profile, recorder or Recorder(), generate_workload(sizes), steps)
     return profile
 
 
