@@ -26,7 +26,8 @@ def test_every_tile_is_listed_for_every_isa_and_dtype():
         assert (gemm.MR, gemm.NR) == tiles.TILES[isa, dtype]
         mr, nr = tiles.ATTENTION_TILES[isa, dtype]
         assert (attention.MR, attention.NR) == (mr, nr)
-        assert gemm.micro_kernel is vector_tile.tiles(gemm.MR, gemm.NR)[0]
+        assert gemm.micro_kernel is vector_tile.tiles(gemm.MR, gemm.NR, gemm.PREFETCH_B_ROWS,
+                                                      gemm.PREFETCH_C)[0]
         assert attention.micro_kernel is vector_tile.tiles(mr, nr)[0]
         assert attention.lane_max.py_func.__name__ == f"lane_max_{nr}"
 
@@ -70,21 +71,28 @@ TILE_PROBE = r"""
     from numba import njit
     from npattn.kernels import tiles, vector_tile
 
-    def k_loop(asm):
-        # the k loop: of the loops that are one basic block (a label, no other label, a jump
-        # back to it), the one with the most fused multiply-adds
+    def fma_loops(asm):
+        # the loops that are one basic block (a label, no other label, a jump back to it)
+        # and hold fused multiply-adds, most first: the first is the k loop
         blocks = re.findall(r"^(\.LBB\w+):\n(.*?)(?=^\.LBB|\Z)", asm, re.M | re.S)
         loops = [re.split(rf"^\s+j\w+\s+{re.escape(label)}$", body, flags=re.M)[0]
                  for label, body in blocks
                  if re.search(rf"^\s+j\w+\s+{re.escape(label)}$", body, re.M)]
-        return max(loops, key=lambda body: body.count("vfmadd"))
+        return sorted((body for body in loops if "vfmadd" in body),
+                      key=lambda body: -body.count("vfmadd"))
+
+    def prefetches(text):
+        return len(re.findall(r"^\s+prefetch", text, re.M))
 
     def report(asm, mr, nr, lanes):
-        loop = k_loop(asm)
+        loops = fma_loops(asm)
+        loop = loops[0]
         fmas = re.findall(r"vfmadd\w+\s+([^\n]*)", loop)
         return dict(tile=f"{mr}x{nr}", vectors=mr * -(-nr // lanes), fmas=len(fmas),
                     zmm=sum("zmm" in f for f in fmas), ymm=sum("ymm" in f for f in fmas),
-                    stack=len(re.findall(r"\(%rsp\)", loop)))
+                    stack=len(re.findall(r"\(%rsp\)", loop)),
+                    prefetch=prefetches(loop),   # (outside: C's, before a k loop)
+                    prefetch_outside=prefetches(asm) - sum(map(prefetches, loops)))
 
     out = dict(isa=tiles.isa_in_force(), cpu=tiles.cpu_name(), tiles=[])
     for dtype in (np.float32, np.float64):
@@ -129,7 +137,8 @@ def test_the_tiles_run_at_full_width_on_every_cpu(cpu, features, isa, tmp_path):
     of every register tile -- the GEMM's, inside the kernel that runs it, and the attention
     engine's -- is fused multiply-adds on the widest registers the CPU has: zmm on every
     AVX-512 CPU, Intel's included (whose LLVM tuning prefers ymm in vectorised loops), ymm
-    under AVX2; one per accumulator vector; and no stack access (no spill, no reload)."""
+    under AVX2; one per accumulator vector; and no stack access (no spill, no reload). The
+    GEMM's AVX-512 tile prefetches (B in its k loop, C before it) and no other tile does."""
     probe = json.loads(run_python(TILE_PROBE, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
                                   NUMBA_CACHE_DIR=str(tmp_path)))
     assert (probe["cpu"], probe["isa"]) == (cpu, isa), probe
@@ -138,6 +147,11 @@ def test_the_tiles_run_at_full_width_on_every_cpu(cpu, features, isa, tmp_path):
         assert tile[wide] == tile["fmas"] and tile[narrow] == 0, (cpu, tile)
         assert tile["fmas"] % tile["vectors"] == 0 and tile["fmas"] >= tile["vectors"], (cpu, tile)
         assert tile["stack"] == 0, (cpu, tile)
+        # the GEMM's AVX-512 k loop asks for B's rows ahead, and its tile for C's rows before
+        # the loop (gemm.PREFETCH_*: measured faster there); the others prefetch nothing
+        prefetches = tile["engine"] == "gemm" and isa == "avx512"
+        assert (tile["prefetch"] > 0) == prefetches, (cpu, tile)
+        assert (tile["prefetch_outside"] > 0) == prefetches, (cpu, tile)
 
 
 LOOP_PROBE = r"""

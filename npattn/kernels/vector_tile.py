@@ -30,6 +30,9 @@ The bits are those of the scalar code it replaces: each accumulator element is
 ``fma(a, b, acc)`` in k order, as the scalar ``acc += a * b`` contracted to a fused
 multiply-add. Results are added into C as ``c + acc`` (``tile_add``).
 
+The GEMM engine's tiles also prefetch (``tiles(..., prefetch_rows, prefetch_c)``; gemm.py says
+what it measured); the attention engine's do not.
+
 Under ``NUMBA_BOUNDSCHECK=1`` the tile checks its operands' sizes first and raises IndexError,
 as Numba's own indexing would. Under ``NUMBA_DISABLE_JIT=1`` the same loops run as Python.
 """
@@ -44,6 +47,7 @@ from numba.extending import intrinsic
 
 _I64 = ir.IntType(64)
 _I32 = ir.IntType(32)
+
 
 
 def _python_tile(mr, nr):
@@ -86,7 +90,7 @@ def _check_size(context, builder, array, needed, name):
                                   f"its tile side",))
 
 
-def _accumulate(builder, element, vector, a, b, kc, mr, nr):
+def _accumulate(builder, element, vector, a, b, kc, mr, nr, prefetch_rows):
     """The k loop: MR accumulator vectors of NR, each ``fma(broadcast(a[p·MR + i]), b_row,
     acc)``, k in order. Returns the MR final vectors."""
     width = "f32" if isinstance(element, ir.FloatType) else "f64"
@@ -100,6 +104,9 @@ def _accumulate(builder, element, vector, a, b, kc, mr, nr):
     with cgutils.for_range(builder, kc) as loop:
         p = loop.index
         row = builder.gep(b, [builder.mul(p, ir.Constant(_I64, nr))])
+        if prefetch_rows:
+            _prefetch(builder, builder.gep(row, [ir.Constant(_I64, prefetch_rows * nr)]),
+                      nr * (4 if width == "f32" else 8), write=False)
         b_row = builder.load(builder.bitcast(row, vector.as_pointer()), align=align)
         first = builder.mul(p, ir.Constant(_I64, mr))
         for i in range(mr):
@@ -124,8 +131,21 @@ def _is_matrix(value):
     return isinstance(value, types.Array) and value.ndim == 2 and value.layout == "C"
 
 
+def _prefetch(builder, pointer, size, write):
+    """``llvm.prefetch`` of every 64-byte line of ``size`` bytes from ``pointer`` into L1: a
+    hint, which never faults, so it may point past the end of an array."""
+    function = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32,
+                                                        _I32]), "llvm.prefetch.p0i8")
+    start = builder.bitcast(pointer, ir.IntType(8).as_pointer())
+    for line in range(0, size, 64):
+        builder.call(function, [builder.gep(start, [ir.Constant(_I64, line)]),
+                                ir.Constant(_I32, int(write)), ir.Constant(_I32, 3),
+                                ir.Constant(_I32, 1)])
+
+
 @functools.cache
-def tiles(mr, nr):
+def tiles(mr, nr, prefetch_rows=0, prefetch_c=False):
     """``(tile_product, tile_add)`` for an MR×NR tile, each callable from a kernel:
 
     * ``tile_product(kc, ap, bp, tile)``: ``tile[i, j] = Σ_p ap[p·MR + i] · bp[p·NR + j]`` for
@@ -133,6 +153,12 @@ def tiles(mr, nr):
       an (MR, NR) C-contiguous array.
     * ``tile_add(kc, ap, bp, c, r0, j0)``: the same sums added into ``c[r0 + i, j0 + j]``;
       c (M, N) C-contiguous, the whole tile inside it.
+
+    ``prefetch_rows`` > 0: each k step also asks for B's row ``prefetch_rows`` steps ahead
+    (``llvm.prefetch`` into L1, every 64-byte line of it); ``prefetch_c``: ``tile_add`` asks
+    for its MR rows of C, for writing, before its k loop, so that they arrive while it runs.
+    Hints only: the same bits, and a prefetch never faults, so one past an array's end is
+    harmless (the k loop's last rows ask for the next panel's first).
     """
     if numba.config.DISABLE_JIT:
         return _python_tile(mr, nr)
@@ -149,7 +175,8 @@ def tiles(mr, nr):
             t = context.make_array(signature.args[3])(context, builder, values[3])
             if numba.config.BOUNDSCHECK:
                 _check_size(context, builder, t, ir.Constant(_I64, mr * nr), "tile")
-            rows, align = _accumulate(builder, element, vector, a, b, values[0], mr, nr)
+            rows, align = _accumulate(builder, element, vector, a, b, values[0], mr, nr,
+                                      prefetch_rows)
             contiguous = signature.args[3].layout == "C"
             for i, row in enumerate(rows):
                 if contiguous:
@@ -187,8 +214,12 @@ def tiles(mr, nr):
                 with builder.if_then(outside, likely=False):
                     context.call_conv.return_user_exc(
                         builder, IndexError, ("vector tile: the tile is not inside c",))
-            rows, align = _accumulate(builder, element, vector, a, b, kc, mr, nr)
             item = context.get_abi_sizeof(element)
+            for i in range(mr if prefetch_c else 0):
+                _prefetch(builder, _row_pointer(context, builder, arr, item,
+                                                builder.add(r0, ir.Constant(_I64, i)), j0, vector),
+                          nr * item, write=True)
+            rows, align = _accumulate(builder, element, vector, a, b, kc, mr, nr, prefetch_rows)
             for i, row in enumerate(rows):
                 pointer = _row_pointer(context, builder, arr, item,
                                        builder.add(r0, ir.Constant(_I64, i)), j0, vector)
