@@ -140,14 +140,13 @@ NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no
 
 #: The micro-kernel's prefetches (vector_tile.tiles), AVX-512 tiles only: each k step asks for
 #: the packed row of B PREFETCH_B_ROWS steps ahead, and a whole tile's rows of C are asked for
-#: before its k loop. Measured on an Intel Xeon (Emerald Rapids), the GPT's products
-#: (768×128·128×384, 768×512·512×128, 2048×384·384×1536, 2048×1536·1536×384, each as x·Wᵀ, dY·W
-#: and dYᵀ·X), the variants compiled side by side in one process and interleaved, 25-30 rounds,
-#: median (best) time against none: 2 threads, float32 1.03-1.22× (1.06-1.12×), float64
-#: 1.08-1.18× (1.03-1.12×); 1 thread 0.98-1.03×, within the noise; B 16 rows ahead as 8; C
-#: alone 1.03-1.21×. The AVX2 tiles on the same CPU (haswell code): 0.95-1.05× (0.97-1.07×),
-#: nothing to keep, so they do not prefetch. The tile alone in L1 (benchmarks.micro_kernel
-#: times it without prefetch) loses ~3 % to them, where nothing needs fetching.
+#: before its k loop. Measured on an Intel Xeon (Emerald Rapids) with `python -m
+#: benchmarks.engine_ab nopf:PREFETCH_B_ROWS=0,PREFETCH_C=False` (both in one process,
+#: interleaved), the GPT's products on 2 threads: 0.90-1.30× faster with them (the large shapes
+#: 1.01-1.08×), float64 1.08-1.18×; 1 thread 0.98-1.03×; training steps 0.98-1.07× (baby) and
+#: 1.07-1.13× (6-layer); B 16 rows ahead as 8. The AVX2 tiles on the same CPU (haswell code):
+#: 0.95-1.05×, nothing to keep, so they do not prefetch. The tile alone in L1
+#: (benchmarks.micro_kernel times it without prefetch) loses ~3 % to them.
 PREFETCH_B_ROWS = 8 if TILE.isa == "avx512" else 0
 PREFETCH_C = TILE.isa == "avx512"
 
