@@ -27,7 +27,6 @@ step each per round. A copy of the engine under another name (``same:KC=256``, s
 harness's own bias: 0.99-1.02× on an Emerald Rapids Xeon.
 """
 import argparse
-import importlib.util
 import os
 import re
 import sys
@@ -89,17 +88,9 @@ def load_variant(name, constants, tile, dtype):
         with open(path, "w") as f:
             f.write(source)
     base = tiles.tile(isa, dtype, "gemm")
-    module_name = f"{tiles.__package__}.gemm[{isa}-{np.dtype(dtype).name}-ab-{name}]"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = tiles.__package__
-    tiles._loading[module_name] = tiles.Tile(isa, base.dtype, *(tile or (base.mr, base.nr)))
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del tiles._loading[module_name]
-    return module
+    return tiles.load_instance(
+        f"{tiles.__package__}.gemm[{isa}-{np.dtype(dtype).name}-ab-{name}]", path,
+        tiles.Tile(isa, base.dtype, *(tile or (base.mr, base.nr))))
 
 
 def linear_products(engine, x, w, d):

@@ -185,11 +185,20 @@ def engine(name, dtype, isa=None):
 
 
 def _load(name, isa, dtype):
-    module_name = f"{__package__}.{name}[{isa}-{dtype}]"
-    spec = importlib.util.spec_from_file_location(module_name, HERE / f"{name}.py")
+    module = load_instance(f"{__package__}.{name}[{isa}-{dtype}]", HERE / f"{name}.py",
+                           tile(isa, dtype, name))
+    _engines[name, isa, dtype] = module
+    return module
+
+
+def load_instance(module_name, path, module_tile):
+    """The engine module at ``path`` loaded as ``module_name`` for ``module_tile`` (a Tile):
+    what :func:`engine` does once per (engine, ISA, dtype), and what ``benchmarks.engine_ab``
+    does for a variant of gemm.py (a name of its own: kernels of its own in the disk cache)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = __package__               # its relative imports are the kernels'
-    _loading[module_name] = tile(isa, dtype, name)
+    _loading[module_name] = module_tile
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
@@ -198,7 +207,6 @@ def _load(name, isa, dtype):
         raise
     finally:
         del _loading[module_name]
-    _engines[name, isa, dtype] = module
     return module
 
 

@@ -49,7 +49,6 @@ _I64 = ir.IntType(64)
 _I32 = ir.IntType(32)
 
 
-
 def _python_tile(mr, nr):
     """The tile as plain Python (``NUMBA_DISABLE_JIT=1``): the same sums, one element at a time
     (float32 stays float32: NumPy scalars)."""
