@@ -102,7 +102,7 @@ TILE_PROBE = r"""
         matrix = "Array({}, 2, 'C')".format(np.dtype(dtype).name)
         vector = "Array({}, 1, 'C')".format(np.dtype(dtype).name)
         gemm.block_product.compile(f"({vector}, {vector}, int64, {matrix}, int64, int64, "
-                                   f"{matrix})")
+                                   f"{matrix}, boolean, {vector})")
         asm = gemm.block_product.inspect_asm(gemm.block_product.signatures[0])
         out["tiles"].append(dict(engine="gemm", **report(asm, gemm.MR, gemm.NR, lanes)))
         # the attention engine's tile

@@ -128,7 +128,7 @@ from .random import keep
 # its micro-kernel is the GEMM engine's kind of tile (vector_tile.py), of the attention shape.
 TILE = tiles.tile_of(__name__)
 MR, NR = TILE.mr, TILE.nr
-micro_kernel, _ = vector_tile.tiles(MR, NR)
+micro_kernel = vector_tile.tiles(MR, NR)[0]
 
 FORWARD_BK = 256   # keys per forward block (a multiple of NR and MR; measured vs 64 and 128:
                    # +5 % / +13 % at L = 1024: fewer rescales, fewer passes per score)

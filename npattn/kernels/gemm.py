@@ -19,7 +19,7 @@ and arrow::
     pack_b_block   -> pack_b_panel, copy_nr  # (a row-major B row by row; Bᵀ and edges by panel)
     pack_b_panel   -> copy_nr, transpose_bt  # the packing copies (vector_pack.py)
     pack_a_block   -> copy_mr, transpose_mr
-    block_product  -> micro_add, micro_kernel     # the MR×NR tile (vector_tile.py)
+    block_product  -> micro_add, micro_store, micro_kernel  # the MR×NR tile (vector_tile.py)
     small_dot_kernel -> add_four, add_eight
     add_eight      -> add_four
 
@@ -33,7 +33,7 @@ The loop nest (BLIS's, with B packed one K block at a time)::
                       column panel), in parallel: bp[ib, panel] = the KC×NR slice of op(B)
                       in K block kb, row-major, zero-padded
       prange          over work items (t, row block of MC rows): each owns C[t, rows, :]
-        C rows        = (C or 0) + (bias or 0), at kb = 0
+        C rows        = C + (bias or 0), at kb = 0 if accumulating
         pack A        ap = the MC×kc slice of op(A), as MR-row strips, p-major
         for chunk     NC-wide column chunks of C         (KC×NC of packed B: ~L2)
           for strip   MR-row strips of the block         (ap strip: kc×MR, ~L1)
@@ -41,7 +41,9 @@ The loop nest (BLIS's, with B packed one K block at a time)::
               micro   tile = strip · panel               (MR×NR accumulators in registers;
                                                           a whole tile is added into C by
                                                           micro_add, an edge tile via scratch)
-              C[rows, cols] += tile, clipped to C's edge
+              C[rows, cols] += tile, clipped to C's edge (kb = 0, not accumulating: stored
+                                                          as (0 + (bias or 0)) + tile, by
+                                                          micro_store: STORE_FIRST)
 
           ┌──────── N ────────┐          A strip (kc×MR) ─┐
         ┌ ┌──┬──┬──┬──┐      │                            ▼
@@ -146,13 +148,22 @@ NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no
 #: 1.01-1.08×), float64 1.08-1.18×; 1 thread 0.98-1.03×; training steps 0.98-1.07× (baby) and
 #: 1.07-1.13× (6-layer); B 16 rows ahead as 8. The AVX2 tiles on the same CPU (haswell code):
 #: 0.95-1.05×, nothing to keep, so they do not prefetch. The tile alone in L1
-#: (benchmarks.micro_kernel times it without prefetch) loses ~3 % to them.
+#: (benchmarks.micro_kernel times it without prefetch) loses ~3 % to them. On Zen 4 (EPYC, 2
+#: threads, one run): the large products 1.05-1.06× faster with them, 768×128·128×384 1.00×,
+#: 768×512·512×128 0.94×, a 6-layer step 1.00×; kept on AMD's AVX-512 too.
 PREFETCH_B_ROWS = 8 if TILE.isa == "avx512" else 0
 PREFETCH_C = TILE.isa == "avx512"
+#: The first K block of a product that does not accumulate stores its tiles into C as
+#: (0 + bias) + tile (micro_store) instead of start_rows writing C = 0 + bias and the tiles
+#: adding into it: one pass over C instead of three, the same bits. Measured on Zen 4 (EPYC,
+#: 2 threads) with `python -m benchmarks.engine_ab nostore:STORE_FIRST=False`, three runs:
+#: the GPT's products 0.95-1.04× as fast without it in float32 (the large shapes 0.98-1.02×),
+#: 0.95-0.98× in float64; training steps 0.95× (baby) and 0.98× (6-layer) without it.
+STORE_FIRST = True
 
 #: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR), and the same sums added straight into
 #: a whole tile of C (no scratch): explicit vector code (vector_tile.py)
-micro_kernel, micro_add = vector_tile.tiles(MR, NR, PREFETCH_B_ROWS, PREFETCH_C)
+micro_kernel, micro_add, micro_store = vector_tile.tiles(MR, NR, PREFETCH_B_ROWS, PREFETCH_C)
 #: the packing copies (vector_pack.py): A strips of MR, B panels of NR, and a Bᵀ panel's rows
 #: transposed BT at a time (one vector register of the dtype: BT rows of BT columns)
 LANES = tiles.VECTOR_BYTES[TILE.isa] // np.dtype(TILE.dtype).itemsize
@@ -256,12 +267,16 @@ def start_rows(ct, r0, rows, bias, accumulate):
 
 
 @kernel
-def block_product(ap, panels, kc, ct, r0, rows, out):
-    # ct[r0 .. r0 + rows, :] += (packed A block) · (packed K block of op(B), all panels).
+def block_product(ap, panels, kc, ct, r0, rows, out, store, bias):
+    # ct[r0 .. r0 + rows, :] += (packed A block) · (packed K block of op(B), all panels), or
+    # with `store` (the first K block of a product that does not accumulate), ct's rows =
+    # (0 + (bias or 0)) + that product, whatever they held: start_rows' sums, in one pass.
     # NC-wide column chunks, strips outside panels: the strip stays in L1 across a chunk's
     # panels, the chunk's panels (KC×NC) in L2, and C's rows are walked left to right.
     n_cols = ct.shape[1]
     n_panels = (n_cols + NR - 1) // NR
+    zero = ct.dtype.type(0)
+    has_bias = bias.shape[0] > 0
     for q0 in range(0, n_panels, NC // NR):
         for s in range((rows + MR - 1) // MR):
             for panel in range(q0, min(q0 + NC // NR, n_panels)):
@@ -269,13 +284,19 @@ def block_product(ap, panels, kc, ct, r0, rows, out):
                 cols = min(NR, n_cols - j0)
                 bpanel = panels[panel * KC * NR:(panel + 1) * KC * NR]
                 if cols == NR and rows - s * MR >= MR:    # a whole tile: added in registers
-                    micro_add(kc, ap[s * kc * MR:], bpanel, ct, r0 + s * MR, j0)
+                    if store:
+                        micro_store(kc, ap[s * kc * MR:], bpanel, ct, r0 + s * MR, j0, bias)
+                    else:
+                        micro_add(kc, ap[s * kc * MR:], bpanel, ct, r0 + s * MR, j0)
                     continue
                 micro_kernel(kc, ap[s * kc * MR:], bpanel, out)  # an edge tile: via scratch
-                for i in range(min(MR, rows - s * MR)):  # add the part inside C
+                for i in range(min(MR, rows - s * MR)):  # the part inside C
                     crow = ct[r0 + s * MR + i, j0:j0 + cols]
                     for j in range(cols):
-                        crow[j] += out[i, j]
+                        if store:
+                            crow[j] = (zero + (bias[j0 + j] if has_bias else zero)) + out[i, j]
+                        else:
+                            crow[j] += out[i, j]
 
 
 @kernel
@@ -311,12 +332,14 @@ def rows_item(w, kb, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumula
     rows = min(mc, n_rows - i0)
     ap = np.empty(mc * KC, c.dtype)             # the packed A block of this item
     out = np.empty((MR, NR), c.dtype)           # one micro-kernel tile (edges)
-    if kb == 0:
+    store = kb == 0 and STORE_FIRST and not accumulate
+    if kb == 0 and not store:
         start_rows(c[t], i0, rows, bias, accumulate)
     kc = min(KC, n_inner - kb * KC)
     pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
     first = b_index[t] * n_panels * panel_size
-    block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out)
+    block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out, store,
+                  bias)
 
 
 @parallel_items(pack_item, rows_item, indices=2)
@@ -367,7 +390,9 @@ def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
     panels = slot[:n_panels * panel_size]
     ap = slot[n_panels * panel_size:]
     out = np.empty((MR, NR), c.dtype)
-    start_rows(c[t], r0, r1 - r0, bias, accumulate)
+    store = STORE_FIRST and not accumulate and n_kb > 0    # the first K block stores
+    if not store:
+        start_rows(c[t], r0, r1 - r0, bias, accumulate)
     for kb in range(n_kb):
         k0 = kb * KC
         kc = min(KC, n_inner - k0)
@@ -375,7 +400,7 @@ def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
         for i0 in range(r0, r1, mc):
             rows = min(mc, r1 - i0)
             pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
-            block_product(ap, panels, kc, c[t], i0, rows, out)
+            block_product(ap, panels, kc, c[t], i0, rows, out, store and kb == 0, bias)
 
 
 @parallel_items(batch_item, twin=True)

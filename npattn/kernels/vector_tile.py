@@ -28,7 +28,9 @@ Why not let LLVM's vectorisers find the vectors (as npattn did first, from MR·N
 
 The bits are those of the scalar code it replaces: each accumulator element is
 ``fma(a, b, acc)`` in k order, as the scalar ``acc += a * b`` contracted to a fused
-multiply-add. Results are added into C as ``c + acc`` (``tile_add``).
+multiply-add. Results are added into C as ``c + acc`` (``tile_add``), or stored as
+``(0 + bias) + acc`` (``tile_store``: the first K block, the same bits as C zeroed, the bias
+added, then ``tile_add``).
 
 The GEMM engine's tiles also prefetch (``tiles(..., prefetch_rows, prefetch_c)``; gemm.py says
 what it measured); the attention engine's do not.
@@ -64,7 +66,14 @@ def _python_tile(mr, nr):
         out = np.empty((mr, nr), c.dtype)
         tile_product(kc, ap, bp, out)
         c[r0:r0 + mr, j0:j0 + nr] += out
-    return tile_product, tile_add
+
+    def tile_store(kc, ap, bp, c, r0, j0, bias):
+        out = np.empty((mr, nr), c.dtype)
+        tile_product(kc, ap, bp, out)
+        zero = c.dtype.type(0)
+        base = bias[j0:j0 + nr] if bias.shape[0] > 0 else np.zeros(nr, c.dtype)
+        c[r0:r0 + mr, j0:j0 + nr] = (zero + base) + out
+    return tile_product, tile_add, tile_store
 
 
 def _operands(context, builder, signature, values, mr, nr):
@@ -81,12 +90,12 @@ def _operands(context, builder, signature, values, mr, nr):
     return element, vector, a.data, b.data
 
 
-def _check_size(context, builder, array, needed, name):
+def _check_size(context, builder, array, needed, name,
+                what="fewer elements than kc times its tile side"):
     size = array.nitems
     with builder.if_then(builder.icmp_signed(">", needed, size), likely=False):
-        context.call_conv.return_user_exc(
-            builder, IndexError, (f"vector tile: {name} holds fewer elements than kc times "
-                                  f"its tile side",))
+        context.call_conv.return_user_exc(builder, IndexError,
+                                          (f"vector tile: {name} holds {what}",))
 
 
 def _accumulate(builder, element, vector, a, b, kc, mr, nr, prefetch_rows):
@@ -143,19 +152,77 @@ def _prefetch(builder, pointer, size, write):
                                 ir.Constant(_I32, 1)])
 
 
+def _tile_in_c(kc, ap, bp, c, r0, j0):
+    """Whether tile_add's (and tile_store's first six) argument types are what it takes."""
+    return (isinstance(kc, types.Integer) and isinstance(ap, types.Array)
+            and isinstance(bp, types.Array) and _is_matrix(c)
+            and isinstance(r0, types.Integer) and isinstance(j0, types.Integer))
+
+
+def _into_c(mr, nr, prefetch_rows, prefetch_c, context, builder, signature, values):
+    """The code of ``tile_add`` (6 arguments: ``c += tile``) and ``tile_store`` (7, the last
+    the bias: ``c = (0 + (bias or 0)) + tile``)."""
+    element, vector, a, b = _operands(context, builder, signature, values, mr, nr)
+    kc, c, r0, j0 = values[0], values[3], values[4], values[5]
+    r0 = context.cast(builder, r0, signature.args[4], types.int64)
+    j0 = context.cast(builder, j0, signature.args[5], types.int64)
+    arr = context.make_array(signature.args[3])(context, builder, c)
+    if numba.config.BOUNDSCHECK:
+        n_rows, n_cols = cgutils.unpack_tuple(builder, arr.shape, 2)
+        outside = builder.or_(
+            builder.or_(builder.icmp_signed("<", r0, ir.Constant(_I64, 0)),
+                        builder.icmp_signed("<", j0, ir.Constant(_I64, 0))),
+            builder.or_(
+                builder.icmp_signed(">", builder.add(r0, ir.Constant(_I64, mr)), n_rows),
+                builder.icmp_signed(">", builder.add(j0, ir.Constant(_I64, nr)), n_cols)))
+        with builder.if_then(outside, likely=False):
+            context.call_conv.return_user_exc(
+                builder, IndexError, ("vector tile: the tile is not inside c",))
+    item = context.get_abi_sizeof(element)
+    zero = ir.Constant(vector, [ir.Constant(element, 0.0)] * nr)
+    base = zero
+    if len(values) == 7:        # tile_store: the row every tile row starts from
+        bias = context.make_array(signature.args[6])(context, builder, values[6])
+        n_bias = cgutils.unpack_tuple(builder, bias.shape, 1)[0]
+        row0 = cgutils.alloca_once_value(builder, zero)
+        with builder.if_then(builder.icmp_signed(">", n_bias, ir.Constant(_I64, 0))):
+            if numba.config.BOUNDSCHECK:
+                _check_size(context, builder, bias, builder.add(j0, ir.Constant(_I64, nr)),
+                            "bias", "fewer elements than the tile's last column")
+            pointer = builder.bitcast(builder.gep(bias.data, [j0]), vector.as_pointer())
+            builder.store(builder.load(pointer, align=item), row0)
+        base = builder.fadd(zero, builder.load(row0))    # 0 + bias, as gemm.start_rows sums
+    for i in range(mr if prefetch_c else 0):
+        _prefetch(builder, _row_pointer(context, builder, arr, item,
+                                        builder.add(r0, ir.Constant(_I64, i)), j0, vector),
+                  nr * item, write=True)
+    rows, align = _accumulate(builder, element, vector, a, b, kc, mr, nr, prefetch_rows)
+    for i, row in enumerate(rows):
+        pointer = _row_pointer(context, builder, arr, item,
+                               builder.add(r0, ir.Constant(_I64, i)), j0, vector)
+        start = base if len(values) == 7 else builder.load(pointer, align=align)
+        builder.store(builder.fadd(start, row), pointer, align=align)
+    return context.get_dummy_value()
+
+
 @functools.cache
 def tiles(mr, nr, prefetch_rows=0, prefetch_c=False):
-    """``(tile_product, tile_add)`` for an MR×NR tile, each callable from a kernel:
+    """``(tile_product, tile_add, tile_store)`` for an MR×NR tile, each callable from a kernel:
 
     * ``tile_product(kc, ap, bp, tile)``: ``tile[i, j] = Σ_p ap[p·MR + i] · bp[p·NR + j]`` for
       i < MR, j < NR, p < kc; ap and bp 1-D views starting at the strip and the panel, tile
       an (MR, NR) C-contiguous array.
     * ``tile_add(kc, ap, bp, c, r0, j0)``: the same sums added into ``c[r0 + i, j0 + j]``;
       c (M, N) C-contiguous, the whole tile inside it.
+    * ``tile_store(kc, ap, bp, c, r0, j0, bias)``: the same sums stored into the tile of C as
+      ``(0 + bias[j0 + j]) + tile`` (bias (N,) C-contiguous, or (0,) for none: ``0 + tile``),
+      whatever C held -- the bits of ``gemm.start_rows`` followed by ``tile_add``, without
+      reading C or writing it twice (the first K block of a product that does not accumulate).
 
     ``prefetch_rows`` > 0: each k step also asks for B's row ``prefetch_rows`` steps ahead
-    (``llvm.prefetch`` into L1, every 64-byte line of it); ``prefetch_c``: ``tile_add`` asks
-    for its MR rows of C, for writing, before its k loop, so that they arrive while it runs.
+    (``llvm.prefetch`` into L1, every 64-byte line of it); ``prefetch_c``: ``tile_add`` and
+    ``tile_store`` ask for their MR rows of C, for writing, before the k loop, so that they
+    arrive while it runs.
     Hints only: the same bits, and a prefetch never faults, so one past an array's end is
     harmless (the k loop's last rows ask for the next panel's first).
     """
@@ -191,40 +258,16 @@ def tiles(mr, nr, prefetch_rows=0, prefetch_c=False):
 
     @intrinsic
     def tile_add(typingctx, kc, ap, bp, c, r0, j0):
-        if not (isinstance(kc, types.Integer) and isinstance(ap, types.Array)
-                and isinstance(bp, types.Array) and _is_matrix(c)
-                and isinstance(r0, types.Integer) and isinstance(j0, types.Integer)):
-            return None
+        if _tile_in_c(kc, ap, bp, c, r0, j0):
+            return types.void(kc, ap, bp, c, r0, j0), into_c
+        return None
 
-        def codegen(context, builder, signature, values):
-            element, vector, a, b = _operands(context, builder, signature, values, mr, nr)
-            kc, c, r0, j0 = values[0], values[3], values[4], values[5]
-            r0 = context.cast(builder, r0, signature.args[4], types.int64)
-            j0 = context.cast(builder, j0, signature.args[5], types.int64)
-            arr = context.make_array(signature.args[3])(context, builder, c)
-            if numba.config.BOUNDSCHECK:
-                n_rows, n_cols = cgutils.unpack_tuple(builder, arr.shape, 2)
-                outside = builder.or_(
-                    builder.or_(builder.icmp_signed("<", r0, ir.Constant(_I64, 0)),
-                                builder.icmp_signed("<", j0, ir.Constant(_I64, 0))),
-                    builder.or_(
-                        builder.icmp_signed(">", builder.add(r0, ir.Constant(_I64, mr)), n_rows),
-                        builder.icmp_signed(">", builder.add(j0, ir.Constant(_I64, nr)), n_cols)))
-                with builder.if_then(outside, likely=False):
-                    context.call_conv.return_user_exc(
-                        builder, IndexError, ("vector tile: the tile is not inside c",))
-            item = context.get_abi_sizeof(element)
-            for i in range(mr if prefetch_c else 0):
-                _prefetch(builder, _row_pointer(context, builder, arr, item,
-                                                builder.add(r0, ir.Constant(_I64, i)), j0, vector),
-                          nr * item, write=True)
-            rows, align = _accumulate(builder, element, vector, a, b, kc, mr, nr, prefetch_rows)
-            for i, row in enumerate(rows):
-                pointer = _row_pointer(context, builder, arr, item,
-                                       builder.add(r0, ir.Constant(_I64, i)), j0, vector)
-                total = builder.fadd(builder.load(pointer, align=align), row)
-                builder.store(total, pointer, align=align)
-            return context.get_dummy_value()
-        return types.void(kc, ap, bp, c, r0, j0), codegen
+    @intrinsic
+    def tile_store(typingctx, kc, ap, bp, c, r0, j0, bias):
+        if (_tile_in_c(kc, ap, bp, c, r0, j0) and isinstance(bias, types.Array)
+                and bias.ndim == 1 and bias.layout == "C" and bias.dtype == c.dtype):
+            return types.void(kc, ap, bp, c, r0, j0, bias), into_c
+        return None
 
-    return tile_product, tile_add
+    into_c = functools.partial(_into_c, mr, nr, prefetch_rows, prefetch_c)
+    return tile_product, tile_add, tile_store
