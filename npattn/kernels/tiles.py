@@ -39,7 +39,12 @@ float32 **8×32 229**, 6×32 228, 4×32 200, 16×16 213, 12×16 196, 8×16 182; 
 (``emeraldrapids``, 2 × 512-bit FMA per cycle), the explicit vector tiles in zmm, against the
 core's FMA peak measured in the same rounds (176 / 88 GFLOP/s), 2026-12-06: float32 **8×32
 173** (98 %), 6×32 176, 12×32 173, 8×16 151, 4×32 147; float64 **8×16 85** (97 %), 6×16 87,
-8×8 75 -- the tiles in force are within the rounds' noise of the best, at the peak.
+8×8 75 -- the tiles in force are within the rounds' noise of the best, at the peak. Whole
+products on 2 threads (``python -m benchmarks.engine_ab t12:tile=12x32 t6x64:tile=6x64 --gpt
+baby``, each tile as an engine of its own against 8×32, interleaved): on that Xeon 12×32 was
+3–4 % faster on the GPT's products, but on an AMD EPYC Zen 4, 2026-12-07, 8×32 was the faster:
+12×32 0.94–1.01× its speed, 6×64 0.98–1.02×, the baby GPT's step 0.96× / 0.98× -- so 8×32
+stays the one AVX-512 float32 tile.
 
 Which family is in force: ``NPATTN_ISA=avx2|avx512`` when set, else the host's: ``avx512``
 when the CPU features Numba compiles for (``NUMBA_CPU_FEATURES``, else the host's as Numba
