@@ -93,7 +93,8 @@ METHODS = (
 
 #: PyTorch's side (--torch): {ATen op: group} by the op's self time; everything inside the
 #: optimizer's step is AdamW. The bias gradient is an aten::sum under AddmmBackward0, as npattn's
-#: linear_backward sums it (column_sum_kernel); other aten::sum calls are few and small.
+#: linear_backward sums it (during its weight gradient's product: gemm's row_sums); other
+#: aten::sum calls are few and small.
 TORCH_GROUPS = {
     "aten::mm": "linear (GEMM)", "aten::addmm": "linear (GEMM)", "aten::sum": "linear (GEMM)",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention fwd",

@@ -16,6 +16,7 @@ from hypothesis import given, strategies as st
 from closeness import assert_close
 from npattn import _jit
 from npattn.kernels import _lane_max_generate, tiles
+from npattn.kernels.linear import column_sum_kernel
 from strategies import dtypes, make_values
 from test_jit import run_python
 
@@ -135,6 +136,31 @@ def test_packed_and_batched_kernels_give_the_same_bits(case):
             results[path] = run_gemm(*args)
     for path, got in results.items():
         np.testing.assert_array_equal(got, results["packed"], err_msg=path)
+
+
+@given(case=gemm_cases())
+def test_row_sums_are_those_of_the_bias_gradient_on_every_path(case):
+    """row_sums (how linear_backward gets its bias gradient during the weight gradient's
+    product): each row's Σ_k op(A)[i, k], summed from the packed A blocks on every path, gives
+    the bits of column_sum_kernel on op(A)ᵀ (the bias gradient's own kernel: blocks of 64 k's
+    summed apart), and leaves C's bits as they are without it."""
+    *args, path = case
+    a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate = args
+    if c.shape[2] == 0 and (c.shape[1] and (b.shape[2] if trans_b else b.shape[1])):
+        return                                          # (no columns: nothing is packed)
+    sums = np.full(c.shape[:2], np.nan, c.dtype)
+    with forced(path):
+        plain = run_gemm(*args)
+        got = c.copy()
+        engine(c.dtype).gemm(a, b, got, bias=bias, a_index=a_index, b_index=b_index,
+                             trans_a=trans_a, trans_b=trans_b, accumulate=accumulate,
+                             row_sums=sums)
+    np.testing.assert_array_equal(got, plain)
+    for t in range(c.shape[0]):
+        op_a = a[a_index[t]].T if trans_a else a[a_index[t]]              # (M, K)
+        want = np.empty(op_a.shape[0], c.dtype)
+        column_sum_kernel(np.ascontiguousarray(op_a.T), want)
+        np.testing.assert_array_equal(sums[t], want, err_msg=f"batch {t}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -38,10 +38,13 @@ def linear_backward(dout, x, weight, bias=None):
     dx = np.empty_like(rows_x)
     gemm(rows_dout, weight, dx)                             # (N, Fout)·(Fout, Fin)
     dweight = np.empty_like(weight)
-    gemm(rows_dout, rows_x, dweight, trans_a=True)          # doutᵀ (Fout, N)·x (N, Fin)
-    dbias = None
-    if bias is not None:
-        dbias = np.empty(weight.shape[0], dtype=x.dtype)
+    dbias = None if bias is None else np.empty(weight.shape[0], dtype=x.dtype)
+    # doutᵀ (Fout, N)·x (N, Fin); dbias = Σ_rows dout, the row sums of doutᵀ, summed by the
+    # engine from its packed blocks of doutᵀ (no pass of its own over dout) -- but for x
+    # without features (an empty product, nothing packed)
+    fused = dbias is not None and x.shape[-1] > 0
+    gemm(rows_dout, rows_x, dweight, trans_a=True, row_sums=dbias if fused else None)
+    if dbias is not None and not fused:
         column_sum_kernel(rows_dout, dbias)
     return dx.reshape(x.shape), dweight, dbias
 

@@ -10,12 +10,13 @@ and arrow::
     gemm           -> gemm_kernel, _index, _row_block, item_space, _packing_space,
                       _small_columns
     gemm           => batched_gemm_kernel, small_dot_kernel    # or their .serial twins
+    gemm           -> column_sum_kernel    # row_sums on the unpacked path (kernels/linear.py)
     gemm_kernel    => pack_item, rows_item    # per K block: pack B's panels, then C's rows
     pack_item      -> op_b_blocks, pack_b_panel
-    rows_item      -> op_b_blocks, start_rows, pack_a_block, block_product
+    rows_item      -> op_b_blocks, start_rows, pack_a_block, add_row_sums, block_product
     batched_gemm_kernel => batch_item
     batch_item     -> op_b_blocks, item_space, start_rows, pack_b_block, pack_a_block,
-                      block_product
+                      add_row_sums, block_product
     pack_b_block   -> pack_b_panel, copy_nr  # (a row-major B row by row; Bᵀ and edges by panel)
     pack_b_panel   -> copy_nr, transpose_bt  # the packing copies (vector_pack.py)
     pack_a_block   -> copy_mr, transpose_mr
@@ -95,6 +96,7 @@ from numba import prange
 
 from .._jit import call_body, kernel, parallel_items, parallel_kernel
 from . import tiles, vector_pack, vector_tile
+from .linear import column_sum_kernel
 
 TILE = tiles.tile_of(__name__)   # this instance's tile (see tiles.py)
 MR, NR = TILE.mr, TILE.nr
@@ -139,6 +141,7 @@ ONE_LAUNCH_ROWS = 256
 ONE_LAUNCH_B = 1 << 20
 KEPT_SPACE = 64 << 20  # bytes of packing space each Python thread keeps between calls at most
 NO_BIAS = {np.dtype(t): np.zeros(0, t) for t in (np.float32, np.float64)}  # "no bias": (0,)
+NO_SUMS = {np.dtype(t): np.zeros((0, 0), t) for t in (np.float32, np.float64)}  # no row_sums
 
 #: The micro-kernel's prefetches (vector_tile.tiles), AVX-512 tiles only: each k step asks for
 #: the packed row of B PREFETCH_B_ROWS steps ahead, and a whole tile's rows of C are asked for
@@ -160,6 +163,11 @@ PREFETCH_C = TILE.isa == "avx512"
 #: the GPT's products 0.95-1.04× as fast without it in float32 (the large shapes 0.98-1.02×),
 #: 0.95-0.98× in float64; training steps 0.95× (baby) and 0.98× (6-layer) without it.
 STORE_FIRST = True
+#: k's per partial sum of add_row_sums: kernels/linear.py's BLOCK (the same bits as its
+#: column_sum_kernel). Summing the bias gradient there instead of in a pass of its own
+#: (docs/architecture.md §4.1): training steps 1.008-1.009× (baby) and 1.013× (6-layer) on
+#: Zen 4, the two linear_backwards alternating step by step in one process
+SUM_BLOCK = 64
 
 #: tile (MR, NR) = ap strip (kc×MR) · bp panel (kc×NR), and the same sums added straight into
 #: a whole tile of C (no scratch): explicit vector code (vector_tile.py)
@@ -174,6 +182,7 @@ transpose_bt = vector_pack.packers(BT, LANES)[1]
 
 # The blocking follows from the tile: whole strips and panels per block and chunk.
 assert NC % NR == 0 and MC_MAX % MR == 0 and NR % BT == 0, (TILE, NC, MC_MAX)
+assert KC % SUM_BLOCK == 0, (KC, SUM_BLOCK)
 
 
 @kernel
@@ -256,6 +265,31 @@ def pack_a_block(a, ia, trans_a, r0, rows, k0, kc, ap):
 
 
 @kernel
+def add_row_sums(ap, rows, kc, sums, first):
+    # sums[i] (+)= Σ_p op(A)[i, k0 + p] for the block's rows i < rows and its kc k's, read
+    # from the packed A block (ap: MR-row strips, p-major) while it is in L1 -- the row sums
+    # of op(A) at the cost of a pass over L1 instead of one over A (a linear layer's bias
+    # gradient Σ_rows dout, during its weight gradient doutᵀ·x). `first`: the first K block
+    # (the sums start at 0). Summed as kernels/linear.py's column_sum_kernel sums: SUM_BLOCK
+    # k's apart, each block's sum then added, k in order -- the same bits (KC is a multiple
+    # of SUM_BLOCK, so the blocks fall alike).
+    zero = sums.dtype.type(0)
+    if first:
+        sums[:] = zero
+    part = np.empty(MR, sums.dtype)
+    for s in range((rows + MR - 1) // MR):
+        strip = ap[s * kc * MR:(s + 1) * kc * MR]
+        valid = min(MR, rows - s * MR)
+        for p0 in range(0, kc, SUM_BLOCK):
+            part[:] = zero
+            for p in range(p0, min(p0 + SUM_BLOCK, kc)):
+                for i in range(valid):
+                    part[i] += strip[p * MR + i]
+            for i in range(valid):
+                sums[s * MR + i] += part[i]
+
+
+@kernel
 def start_rows(ct, r0, rows, bias, accumulate):
     # C rows r0 .. r0 + rows start as (C or 0) + (bias or 0)
     zero = ct.dtype.type(0)
@@ -307,7 +341,7 @@ def op_b_blocks(b, trans_b, n_cols):
 
 
 @kernel
-def pack_item(w, kb, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
+def pack_item(w, kb, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
     # Work item w of gemm_kernel's packing loop for K block kb: packed panel w of that block of
     # op(B) for every b-matrix, bp[(ib · n_panels + panel) · KC · NR + p · NR + j]
     n_cols = c.shape[2]
@@ -319,7 +353,7 @@ def pack_item(w, kb, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumula
 
 
 @kernel
-def rows_item(w, kb, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
+def rows_item(w, kb, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
     # Work item w of gemm_kernel's product loop for K block kb: C[t, i0:i0 + rows] += its
     # packed A block times the packed block of op(B) (the rows start as (C or 0) + (bias or
     # 0) at kb = 0)
@@ -337,16 +371,19 @@ def rows_item(w, kb, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumula
         start_rows(c[t], i0, rows, bias, accumulate)
     kc = min(KC, n_inner - kb * KC)
     pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
+    if sums.shape[0] > 0:
+        add_row_sums(ap, rows, kc, sums[t, i0:i0 + rows], kb == 0)
     first = b_index[t] * n_panels * panel_size
     block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out, store,
                   bias)
 
 
 @parallel_items(pack_item, rows_item, indices=2)
-def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
-                bp):
+def gemm_kernel(pack, block, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accumulate,
+                mc, bp):
     # a (Ba, M, K), or (Ba, K, M) if trans_a · b (Bb, K, N), or (Bb, N, K) if trans_b
-    # -> c (T, M, N); bias (N,) or (0,) for none; bp: packing space for one K block of op(B),
+    # -> c (T, M, N); bias (N,) or (0,) for none; sums (T, M): each row's Σ_k op(A)[t][i, k]
+    # (add_row_sums), or (0, 0) for none; bp: packing space for one K block of op(B),
     # all b-matrices. One K block at a time: first that block of op(B) is packed, each item
     # (pack_item, passed as `pack`) owning one panel; then each item (rows_item, as `block`)
     # adds its block of mc rows of one C[t] times it. The packed block (KC×N per b-matrix)
@@ -357,10 +394,10 @@ def gemm_kernel(pack, block, a, b, c, bias, a_index, b_index, trans_a, trans_b, 
     for kb in range(n_kb):
         k = np.int64(kb)
         for w in prange(b.shape[0] * n_panels):
-            call_body(pack, (np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a,
+            call_body(pack, (np.int64(w), k, a, b, c, bias, sums, a_index, b_index, trans_a,
                              trans_b, accumulate, mc, bp))
         for w in prange(n_batch * n_mb):
-            call_body(block, (np.int64(w), k, a, b, c, bias, a_index, b_index, trans_a,
+            call_body(block, (np.int64(w), k, a, b, c, bias, sums, a_index, b_index, trans_a,
                               trans_b, accumulate, mc, bp))
 
 
@@ -372,8 +409,8 @@ def item_space(n_cols, mc):
 
 
 @kernel
-def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows,
-               space):
+def batch_item(w, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc,
+               item_rows, space):
     # Work item w of batched_gemm_kernel: rows w·item_rows .. of one C[t] (all of them when
     # item_rows >= M), in blocks of mc rows; it packs the K blocks of op(B) it needs itself,
     # into its own slot w of `space` (item_space elements each), or into a buffer of its own
@@ -400,12 +437,14 @@ def batch_item(w, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate,
         for i0 in range(r0, r1, mc):
             rows = min(mc, r1 - i0)
             pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
+            if sums.shape[0] > 0:
+                add_row_sums(ap, rows, kc, sums[t, i0:i0 + rows], kb == 0)
             block_product(ap, panels, kc, c[t], i0, rows, out, store and kb == 0, bias)
 
 
 @parallel_items(batch_item, twin=True)
-def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
-                        item_rows, space):
+def batched_gemm_kernel(item, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accumulate,
+                        mc, item_rows, space):
     # The same product in one launch, each work item (batch_item) owning item_rows rows of one
     # C[t] and packing the K blocks of B it needs, one at a time, into a buffer that stays in
     # cache. For many output batches (an item per C[t]: instead of packing all of B up front --
@@ -414,7 +453,7 @@ def batched_gemm_kernel(item, a, b, c, bias, a_index, b_index, trans_a, trans_b,
     # run in the same order as gemm_kernel's: the same bits.
     n_items = c.shape[0] * ((c.shape[1] + item_rows - 1) // item_rows)
     for w in prange(n_items):
-        call_body(item, (np.int64(w), a, b, c, bias, a_index, b_index, trans_a, trans_b,
+        call_body(item, (np.int64(w), a, b, c, bias, sums, a_index, b_index, trans_a, trans_b,
                          accumulate, mc, item_rows, space))
 
 
@@ -516,14 +555,17 @@ def small_dot_kernel(a, b, c, bias, a_index, b_index, accumulate, cols):
 
 
 def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans_b=False,
-         accumulate=False):
+         accumulate=False, row_sums=None):
     """Run the engine: c[t] (=|+=) op(a[a_index[t]]) · op(b[b_index[t]]) (+ bias).
 
     The functional layer's entry point; its arguments are already checked and C-contiguous.
     a, b: 3-D stacks of matrices (or 2-D: one matrix); c: (T, M, N) (or (M, N)), written in
     place. a_index, b_index: int64 (T,), default 0..T-1 (or all 0 when a stack holds one
-    matrix). Allocates the packing space and picks the row-block size MC (neither changes the
-    result's bits).
+    matrix). row_sums: None, or a C-contiguous array of c's dtype shaped as c without its
+    last dim, (T, M) (or (M,)), written with each row's Σ_k op(a[a_index[t]])[i, k], summed
+    from the packed A blocks (add_row_sums; the bits of kernels/linear.py's
+    column_sum_kernel); it needs N > 0 unless M or K is 0. Allocates the packing space and
+    picks the row-block size MC (neither changes the result's bits).
     """
     # (every line here counts: a decoded token's products are mostly this Python. a[None] is
     # the view a reshape would give, at a sixth of its cost)
@@ -543,8 +585,14 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
             c[...] = 0 if bias is None else bias
         elif bias is not None:
             c += bias
+        if row_sums is not None and row_sums.size:
+            if n_inner:
+                raise ValueError(f"row_sums needs a product with columns; got C of shape "
+                                 f"{c.shape} from an inner dim of {n_inner}")
+            row_sums[...] = 0
         return c
     bias = NO_BIAS[c.dtype] if bias is None else bias
+    sums = NO_SUMS[c.dtype] if row_sums is None else row_sums.reshape(n_batch, n_rows)
     work = n_batch * n_rows * n_cols * n_inner
     if trans_b and not trans_a and work <= SMALL:
         if work <= SERIAL_MACS:                 # one thread: the columns need no split
@@ -552,6 +600,8 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         else:
             small_dot_kernel(a3, b3, c3, bias, a_index, b_index, accumulate,
                              _small_columns(n_batch * -(-n_rows // 2), n_cols))
+        for t in range(n_batch if row_sums is not None else 0):   # (nothing packed here:
+            column_sum_kernel(np.ascontiguousarray(a3[a_index[t]].T), sums[t])  # its sums)
         return c
     threads = numba.get_num_threads()
     if n_batch >= BATCHED * threads:
@@ -566,12 +616,12 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         space = (_packing_space(size, c.dtype) if size * c.itemsize <= KEPT_SPACE
                  else NO_BIAS[c.dtype])         # (empty: each item allocates its own)
         run = batched_gemm_kernel.serial if work <= SERIAL_PACKED else batched_gemm_kernel
-        run(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc, item_rows,
-            space)
+        run(a3, b3, c3, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc,
+            item_rows, space)
         return c
     packed_b = b3.shape[0] * -(-n_cols // NR) * KC * NR     # one K block of op(B)
     mc = _row_block(n_rows, n_batch, threads, MC_MAX)
-    gemm_kernel(a3, b3, c3, bias, a_index, b_index, trans_a, trans_b, accumulate, mc,
+    gemm_kernel(a3, b3, c3, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc,
                 _packing_space(packed_b, c.dtype))
     return c
 

@@ -1,5 +1,8 @@
 """The part of the linear layer that is not a matrix product: the bias gradient.
-Dims: N rows (leading dims flattened), Fout features. The products run on ``kernels/gemm.py``.
+Dims: N rows (leading dims flattened), Fout features. The products run on ``kernels/gemm.py``,
+which usually sums the bias gradient too, from its packed blocks of doutᵀ during the weight
+gradient's product (``gemm.add_row_sums``: the same blocks, the same bits); this kernel runs
+when that product packs nothing (x without features; the GEMM's unpacked A·Bᵀ path).
 
 Accumulator: the input dtype, summed in blocks of ``BLOCK`` rows: a long sum in one accumulator
 loses ~count·eps, in blocks ~(BLOCK + count/BLOCK)·eps, which keeps float32 gradients as close
