@@ -82,8 +82,9 @@ def _linear(dtype, rng):
     linear(x, w)                                                 # serial twin: few of them)
     linear(rng.standard_normal((1, 96)).astype(dtype),          # one row on every thread:
            rng.standard_normal((1000, 96)).astype(dtype))       # the parallel small dots
-    linear_backward(y, x, w, b)                                  # packed GEMM, column sums
-    linear_backward(y, x, w)
+    linear_backward(y, x, w, b)                                  # packed GEMM, its row sums
+    linear_backward(y, x, w)                                     # (the bias gradient)
+    linear_backward(y, x[..., :0], w[:, :0], b)                  # no features: column sums
     xb = rng.standard_normal((64, 128)).astype(dtype)            # > SMALL multiply-adds:
     wb = rng.standard_normal((130, 128)).astype(dtype)           # the packed path in one
     linear(xb, wb, rng.standard_normal(130).astype(dtype))       # launch, x·Wᵀ
