@@ -355,8 +355,8 @@ def pack_item(w, kb, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, ac
 @kernel
 def rows_item(w, kb, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc, bp):
     # Work item w of gemm_kernel's product loop for K block kb: C[t, i0:i0 + rows] += its
-    # packed A block times the packed block of op(B) (the rows start as (C or 0) + (bias or
-    # 0) at kb = 0)
+    # packed A block times the packed block of op(B) (at kb = 0 the rows start as (C or 0) +
+    # (bias or 0): start_rows, or block_product's stores)
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     panel_size = KC * NR

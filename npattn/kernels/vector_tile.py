@@ -179,9 +179,9 @@ def _into_c(mr, nr, prefetch_rows, prefetch_c, context, builder, signature, valu
             context.call_conv.return_user_exc(
                 builder, IndexError, ("vector tile: the tile is not inside c",))
     item = context.get_abi_sizeof(element)
-    zero = ir.Constant(vector, [ir.Constant(element, 0.0)] * nr)
-    base = zero
-    if len(values) == 7:        # tile_store: the row every tile row starts from
+    store = len(values) == 7    # tile_store: every tile row starts from 0 + bias, not from C
+    if store:
+        zero = ir.Constant(vector, [ir.Constant(element, 0.0)] * nr)
         bias = context.make_array(signature.args[6])(context, builder, values[6])
         n_bias = cgutils.unpack_tuple(builder, bias.shape, 1)[0]
         row0 = cgutils.alloca_once_value(builder, zero)
@@ -200,7 +200,7 @@ def _into_c(mr, nr, prefetch_rows, prefetch_c, context, builder, signature, valu
     for i, row in enumerate(rows):
         pointer = _row_pointer(context, builder, arr, item,
                                builder.add(r0, ir.Constant(_I64, i)), j0, vector)
-        start = base if len(values) == 7 else builder.load(pointer, align=align)
+        start = base if store else builder.load(pointer, align=align)
         builder.store(builder.fadd(start, row), pointer, align=align)
     return context.get_dummy_value()
 
