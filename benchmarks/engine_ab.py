@@ -94,14 +94,16 @@ def load_variant(name, constants, tile, dtype):
 
 
 def linear_products(engine, x, w, d):
-    """The three products of a linear layer on ``engine``: y = x·Wᵀ, dx = dY·W, dW = dYᵀ·x."""
+    """The three products of a linear layer on ``engine``: y = x·Wᵀ, dx = dY·W, dW = dYᵀ·x and
+    with it the bias gradient db = Σ_rows dY, as ``linear_backward`` runs them."""
     y = np.empty((x.shape[0], w.shape[0]), x.dtype)
     dx = np.empty_like(x)
     dw = np.empty_like(w)
+    db = np.empty(w.shape[0], w.dtype)
     engine.gemm(x, w, y, trans_b=True)
     engine.gemm(d, w, dx)
-    engine.gemm(d, x, dw, trans_a=True)
-    return y, dx, dw
+    engine.gemm(d, x, dw, trans_a=True, row_sums=db)
+    return y, dx, dw, db
 
 
 def interleaved(functions, rounds):

@@ -163,6 +163,26 @@ def test_row_sums_are_those_of_the_bias_gradient_on_every_path(case):
         np.testing.assert_array_equal(sums[t], want, err_msg=f"batch {t}")
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("trans_a", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_sums_over_several_k_blocks(dtype, trans_a, path):
+    """The row sums go on across K blocks: each block's rows of op(A) are summed at its own
+    k's (three blocks and a partial one here, and an edge strip of rows) -- the case a drawn
+    product of the test above reaches too rarely to rely on."""
+    e = engine(dtype)
+    rng = np.random.default_rng(11)
+    m, k, n = 2 * e.MR + 1, 2 * e.KC + 5, e.NR + 3
+    a = make_values(rng, (1, k, m) if trans_a else (1, m, k), dtype)
+    b = make_values(rng, (1, k, n), dtype)
+    c, sums = np.empty((1, m, n), dtype), np.full((1, m), np.nan, dtype)
+    with forced(path):
+        e.gemm(a, b, c, trans_a=trans_a, row_sums=sums)
+    want = np.empty(m, dtype)
+    column_sum_kernel(np.ascontiguousarray(a[0] if trans_a else a[0].T), want)
+    np.testing.assert_array_equal(sums[0], want)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_small_and_packed_paths_agree_on_the_linear_form(dtype):
     """The unpacked small path and the packed path compute the same A·Bᵀ (up to rounding)."""

@@ -265,28 +265,37 @@ def pack_a_block(a, ia, trans_a, r0, rows, k0, kc, ap):
 
 
 @kernel
-def add_row_sums(ap, rows, kc, sums, first):
-    # sums[i] (+)= Σ_p op(A)[i, k0 + p] for the block's rows i < rows and its kc k's, read
-    # from the packed A block (ap: MR-row strips, p-major) while it is in L1 -- the row sums
-    # of op(A) at the cost of a pass over L1 instead of one over A (a linear layer's bias
-    # gradient Σ_rows dout, during its weight gradient doutᵀ·x). `first`: the first K block
-    # (the sums start at 0). Summed as kernels/linear.py's column_sum_kernel sums: SUM_BLOCK
-    # k's apart, each block's sum then added, k in order -- the same bits (KC is a multiple
-    # of SUM_BLOCK, so the blocks fall alike).
+def add_row_sums(a, ia, trans_a, r0, rows, k0, kc, ap, sums, first):
+    # sums[i] (+)= Σ_p op(A)[r0 + i, k0 + p] for the block's rows i < rows and its kc k's,
+    # while the block is in cache -- the row sums of op(A) at the cost of a pass over L1/L2
+    # instead of one over A (a linear layer's bias gradient Σ_rows dout, during its weight
+    # gradient doutᵀ·x). `first`: the first K block (the sums start at 0). Summed as
+    # kernels/linear.py's column_sum_kernel sums: SUM_BLOCK k's apart, each block's sum then
+    # added, k in order -- the same bits (KC is a multiple of SUM_BLOCK, so the blocks fall
+    # alike). With trans_a (doutᵀ) the rows of op(A) lie side by side in a's rows, which
+    # pack_a_block just read: the sums run along them, a vector over the block's rows per k,
+    # as column_sum_kernel's do. Else (op(A) = a) from the packed strips, MR rows side by
+    # side per k (a short loop: that case is not the linear layer's).
     zero = sums.dtype.type(0)
     if first:
         sums[:] = zero
-    part = np.empty(MR, sums.dtype)
-    for s in range((rows + MR - 1) // MR):
-        strip = ap[s * kc * MR:(s + 1) * kc * MR]
-        valid = min(MR, rows - s * MR)
-        for p0 in range(0, kc, SUM_BLOCK):
-            part[:] = zero
-            for p in range(p0, min(p0 + SUM_BLOCK, kc)):
-                for i in range(valid):
-                    part[i] += strip[p * MR + i]
-            for i in range(valid):
-                sums[s * MR + i] += part[i]
+    part = np.empty(max(rows, MR), sums.dtype)
+    for p0 in range(0, kc, SUM_BLOCK):
+        p1 = min(p0 + SUM_BLOCK, kc)
+        part[:] = zero
+        if trans_a:
+            for p in range(k0 + p0, k0 + p1):
+                row = a[ia, p, r0:r0 + rows]     # (a 1-D view: indexing a[ia, p, r0 + i]
+                for i in range(rows):            # instead ran 8x slower, not vectorised)
+                    part[i] += row[i]
+        else:
+            for s in range((rows + MR - 1) // MR):
+                valid = min(MR, rows - s * MR)
+                for p in range(p0, p1):
+                    for i in range(valid):
+                        part[s * MR + i] += ap[(s * kc + p) * MR + i]
+        for i in range(rows):
+            sums[i] += part[i]
 
 
 @kernel
@@ -372,7 +381,8 @@ def rows_item(w, kb, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, ac
     kc = min(KC, n_inner - kb * KC)
     pack_a_block(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap)
     if sums.shape[0] > 0:
-        add_row_sums(ap, rows, kc, sums[t, i0:i0 + rows], kb == 0)
+        add_row_sums(a, a_index[t], trans_a, i0, rows, kb * KC, kc, ap, sums[t, i0:i0 + rows],
+                     kb == 0)
     first = b_index[t] * n_panels * panel_size
     block_product(ap, bp[first:first + n_panels * panel_size], kc, c[t], i0, rows, out, store,
                   bias)
@@ -438,7 +448,8 @@ def batch_item(w, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accum
             rows = min(mc, r1 - i0)
             pack_a_block(a, a_index[t], trans_a, i0, rows, k0, kc, ap)
             if sums.shape[0] > 0:
-                add_row_sums(ap, rows, kc, sums[t, i0:i0 + rows], kb == 0)
+                add_row_sums(a, a_index[t], trans_a, i0, rows, k0, kc, ap,
+                             sums[t, i0:i0 + rows], kb == 0)
             block_product(ap, panels, kc, c[t], i0, rows, out, store and kb == 0, bias)
 
 
