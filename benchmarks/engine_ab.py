@@ -16,7 +16,8 @@ own module name, so its own kernels in Numba's disk cache (the variant's source 
 
 Cases: the GPT's products (``SHAPES``: the baby's 768×128·128×384 and 768×512·512×128, the
 6-layer's 2048×384·384×1536 and 2048×1536·1536×384), each run as the three products a linear
-layer makes (x·Wᵀ, dY·W, dYᵀ·X). Before timing, every variant's results are compared with the
+layer makes (x·Wᵀ, dY·W, dYᵀ·X with the bias gradient as its row sums, as linear_backward
+runs them). Before timing, every variant's results are compared with the
 engine's, bit for bit: a variant that changes bits says so (blocking and prefetching must not;
 a tile of another shape need not). Then ``--rounds`` rounds, each timing every variant's case
 once, in an order rotated from round to round. Reported per case: the engine's median, and
