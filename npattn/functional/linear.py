@@ -40,7 +40,7 @@ def linear_backward(dout, x, weight, bias=None):
     dweight = np.empty_like(weight)
     dbias = None if bias is None else np.empty(weight.shape[0], dtype=x.dtype)
     # doutᵀ (Fout, N)·x (N, Fin); dbias = Σ_rows dout, the row sums of doutᵀ, summed by the
-    # engine from its packed blocks of doutᵀ (no pass of its own over dout) -- but for x
+    # engine block by block as it packs doutᵀ (no pass of its own over dout) -- but for x
     # without features (an empty product, nothing packed)
     fused = dbias is not None and x.shape[-1] > 0
     gemm(rows_dout, rows_x, dweight, trans_a=True, row_sums=dbias if fused else None)

@@ -279,7 +279,7 @@ def add_row_sums(a, ia, trans_a, r0, rows, k0, kc, ap, sums, first):
     zero = sums.dtype.type(0)
     if first:
         sums[:] = zero
-    part = np.empty(max(rows, MR), sums.dtype)
+    part = np.empty(rows, sums.dtype)
     for p0 in range(0, kc, SUM_BLOCK):
         p1 = min(p0 + SUM_BLOCK, kc)
         part[:] = zero
@@ -574,7 +574,7 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
     place. a_index, b_index: int64 (T,), default 0..T-1 (or all 0 when a stack holds one
     matrix). row_sums: None, or a C-contiguous array of c's dtype shaped as c without its
     last dim, (T, M) (or (M,)), written with each row's Σ_k op(a[a_index[t]])[i, k], summed
-    from the packed A blocks (add_row_sums; the bits of kernels/linear.py's
+    block by block as A is packed (add_row_sums; the bits of kernels/linear.py's
     column_sum_kernel); it needs N > 0 unless M or K is 0. Allocates the packing space and
     picks the row-block size MC (neither changes the result's bits).
     """

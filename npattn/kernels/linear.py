@@ -1,6 +1,6 @@
 """The part of the linear layer that is not a matrix product: the bias gradient.
 Dims: N rows (leading dims flattened), Fout features. The products run on ``kernels/gemm.py``,
-which usually sums the bias gradient too, from its packed blocks of doutᵀ during the weight
+which usually sums the bias gradient too, block by block as it packs doutᵀ for the weight
 gradient's product (``gemm.add_row_sums``: the same blocks, the same bits); this kernel runs
 when that product packs nothing (x without features; the GEMM's unpacked A·Bᵀ path).
 
