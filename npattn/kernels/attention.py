@@ -23,14 +23,16 @@ b. tests/test_call_maps.py checks every name and arrow::
     pack_lanes     -> transpose_mr, transpose_nt    # the packing copies (vector_pack.py)
     pack_columns   -> copy_mr, copy_nr
     unpack_columns -> transpose_nt
-    backward_pair  -> backward_tiles, rows_seeing, micro_kernel, add_tile
-    backward_tiles -> micro_kernel, softcap_tile, mask_tile, exp_nonpositive_native, keep_tile
+    backward_pair  -> backward_tiles, rows_seeing, tile_add, micro_kernel, add_tile
+    backward_tiles -> every_key_visible, micro_kernel, softcap_tile, mask_tile,
+                      exp_one_native, keep_tile
     mask_tile      -> every_key_visible, mask_keys, visible_keys, alibi_row
     mask_keys      -> visible_keys
     every_key_visible, visible_keys -> key_start, key_end
     keep_tile      -> keep
 
-``micro_kernel`` is the register tile (MR×NR, vector_tile.py); the score modifiers
+``micro_kernel`` and ``tile_add`` are the register tile (MR×NR, vector_tile.py: into a scratch
+tile, or added straight into a matrix); the score modifiers
 (``key_start``/``key_end``, ``alibi_*``, ``softcap_*``, ``join_sink``) are in
 score_modifiers.py, the records (and ``batch_scores``, ``head_of``, ``dropout_first``) in
 attention_state.py, ``keep`` in random.py, the exps in exp.py.
@@ -121,14 +123,14 @@ from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, BlockPair, Forward
                               head_of)
 from .score_modifiers import (alibi_panel, alibi_row, join_sink, key_end, key_start,
                               softcap_scores, softcap_tile)
-from .exp import exp_nonpositive_native, exp_shifted_native
+from .exp import exp_nonpositive_native, exp_one_native, exp_shifted_native
 from .random import keep
 
 # This module is written once for a register tile and loaded once per tile (tiles.engine):
 # its micro-kernel is the GEMM engine's kind of tile (vector_tile.py), of the attention shape.
 TILE = tiles.tile_of(__name__)
 MR, NR = TILE.mr, TILE.nr
-micro_kernel = vector_tile.tiles(MR, NR)[0]
+micro_kernel, tile_add = vector_tile.tiles(MR, NR)[:2]
 
 FORWARD_BK = 256   # keys per forward block (a multiple of NR and MR; measured vs 64 and 128:
                    # +5 % / +13 % at L = 1024: fewer rescales, fewer passes per score)
@@ -656,9 +658,10 @@ def backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds):
     vwidth = kb.vt.shape[0] // BK
     n_strips = (rows + MR - 1) // MR
     lse_r, inv_r, d_r = qb.lse, qb.inv, qb.d
-    wp, dsp, dsq, ts, tdp, kept, x, p, capped = sc
-    for s in range(n_strips):
-        r0 = s * MR
+    wp, dsp, dsq, ts, tdp, kept, capped = sc
+    clear = every_key_visible(scores, i0, rows, j0, n_keys)  # no tile of the pair is masked
+    for s in range(n_strips):                                # (the common case: then a whole
+        r0 = s * MR                                          # tile skips mask_tile's call)
         for c0 in range(0, n_keys, NR):
             panel = (c0 // NR) * BQ * NR
             if (j0 + c0 >= key_end(scores, i0 + r0 + MR - 1)        # every key of the tile
@@ -672,23 +675,21 @@ def backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds):
             micro_kernel(width, qb.qs[r0 * width:], kb.kt[c0 * width:], ts)
             if scores.softcap > 0:                         # before masks and bias, as forward
                 softcap_tile(ts, sc.capped, scores.softcap)
-            mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, scores, head)
+            if not (clear and r0 + MR <= rows and c0 + NR <= n_keys):
+                mask_tile(ts, i0 + r0, rows - r0, j0 + c0, n_keys - c0, scores, head)
             micro_kernel(vwidth, qb.dos[r0 * vwidth:], kb.vt[c0 * vwidth:], tdp)
-            for r in range(MR):
-                xrow, trow = x[r * NR:(r + 1) * NR], ts[r]
-                for c in range(trow.shape[0]):     # (NR, read from the array: see
-                    xrow[c] = trow[c] - lse_r[r0 + r]  # finish_rows)
-            exp_nonpositive_native(x, p)
             if dropout.threshold > 0:
                 keep_tile(kept, dropout.stream, dropout.threshold,
                           at.first + (i0 + r0) * n_keys_all + j0 + c0, n_keys_all)
             zero = ts.dtype.type(0)
-            for r in range(MR):
-                drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
-                wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
+            for r in range(MR):                  # one vector loop per row: p, w, ds (the exp
+                trow = ts[r]                     # inlined; through scratch rows and a call to
+                drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]  # exp_nonpositive
+                wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]   # it was slower)
+                shift = lse_r[r0 + r]
                 inv = inv_r[r0 + r]                                   # (1: the same bits)
-                for c in range(drow.shape[0]):                        # (NR: as above)
-                    pv = p[r * NR + c] * inv
+                for c in range(drow.shape[0]):   # (NR, read from the array: see finish_rows)
+                    pv = exp_one_native(trow[c] - shift) * inv
                     dp = tdp[r, c]
                     w = pv
                     if dropout.threshold > 0:                         # dropped: exactly 0
@@ -743,21 +744,24 @@ def backward_pair(qb, kb, at, dqh, dkt, dvt, scores, head, dropout, dsh, store_d
         p0, p1 = rows_seeing(scores, i0, rows, j0 + c0, j0 + c0 + NR)
         if p1 <= p0:
             continue
-        for r0 in range(0, dvt.shape[0], MR):
-            micro_kernel(p1 - p0, qb.doc[r0 * BQ + p0 * MR:], sc.wp[panel + p0 * NR:], ts)
-            add_tile(ts, dvt, r0, MR, c0, dvt.shape[1])
+        for r0 in range(0, dvt.shape[0], MR):              # (whole tiles: E', Ev' whole
+            tile_add(p1 - p0, qb.doc[r0 * BQ + p0 * MR:], sc.wp[panel + p0 * NR:], dvt, r0,
+                     c0)                                   # strips, BK whole panels)
         for r0 in range(0, dkt.shape[0], MR):
-            micro_kernel(p1 - p0, qb.qc[r0 * BQ + p0 * MR:], sc.dsp[panel + p0 * NR:], ts)
-            add_tile(ts, dkt, r0, MR, c0, dkt.shape[1])
+            tile_add(p1 - p0, qb.qc[r0 * BQ + p0 * MR:], sc.dsp[panel + p0 * NR:], dkt, r0, c0)
     for s in range(n_strips):                              # dq += ds·k
         k0 = min(max(key_start(scores, i0 + s * MR) - j0, 0), n_keys)   # the keys the
         k1 = min(max(key_end(scores, i0 + s * MR + MR - 1) - j0, k0), n_keys)  # strip sees
         if k1 <= k0:
             continue
         for c0 in range(0, width, NR):
-            micro_kernel(k1 - k0, sc.dsq[(s * BK + k0) * MR:],
-                         kb.kp[(c0 // NR) * BK * NR + k0 * NR:], ts)
-            add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width)
+            ds_strip = sc.dsq[(s * BK + k0) * MR:]
+            k_panel = kb.kp[(c0 // NR) * BK * NR + k0 * NR:]
+            if s * MR + MR <= rows and c0 + NR <= width:   # a whole tile: added in registers
+                tile_add(k1 - k0, ds_strip, k_panel, dqh, i0 + s * MR, c0)
+            else:
+                micro_kernel(k1 - k0, ds_strip, k_panel, ts)
+                add_tile(ts, dqh, i0 + s * MR, rows - s * MR, c0, width)
 
 
 @kernel
@@ -838,8 +842,7 @@ def backward_item(w, inputs, all_scores, dropout, saved, grads):
                     np.empty(BQ, dtype), np.empty(BQ, dtype), np.empty(BQ, dtype))
     sc = Scratch(np.empty(BK * BQ, dtype), np.empty(BK * BQ, dtype), np.empty(BQ * BK, dtype),
                  np.empty((MR, NR), dtype), np.empty((MR, NR), dtype),
-                 np.empty((MR, NR), np.bool_), np.empty(MR * NR, dtype),
-                 np.empty(MR * NR, dtype), np.empty((MR, NR), dtype))
+                 np.empty((MR, NR), np.bool_), np.empty((MR, NR), dtype))
     k_first = row_at(k, inputs.k_batch[b], g, k0)       # the kv head's rows (flat)
     v_first = row_at(v, inputs.v_batch[b], g, k0)
     n_own = (n_kb - split + n_splits - 1) // n_splits   # key blocks split, split + n_splits..

@@ -154,6 +154,6 @@ KeyBlock = namedtuple("KeyBlock", "kt vt kp")
 
 #: A backward work item's scratch, allocated once: wp, dsp -- w and ds of one block pair as key
 #: panels; dsq -- ds as query strips; ts, tdp (MR, NR) -- one tile of scores and of dout·vᵀ;
-#: kept (MR, NR) bool; x, p (MR·NR,) -- s - lse and its exp; capped (MR, NR) -- the slope of
-#: the soft cap at each score of the tile (softcap_tile).
-Scratch = namedtuple("Scratch", "wp dsp dsq ts tdp kept x p capped")
+#: kept (MR, NR) bool; capped (MR, NR) -- the slope of the soft cap at each score of the tile
+#: (softcap_tile).
+Scratch = namedtuple("Scratch", "wp dsp dsq ts tdp kept capped")
