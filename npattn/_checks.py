@@ -664,8 +664,11 @@ def indices_in_range(name, arr, stop, what, allowed=None):
     A ``ValueError`` names the first offending value in C order and its position, e.g.
     ``indices must be in [0, 10) (weight has 10 rows); got 12 at position (1, 2)``.
     """
-    if arr.size <= 16 and all(0 <= v < stop for v in arr.ravel().tolist()):
-        return        # a decoded token's index: in Python, a fifth of the array expressions
+    if arr.size <= 16:
+        if all(0 <= v < stop for v in arr.ravel().tolist()):
+            return    # a decoded token's index: in Python, a fifth of the array expressions
+    elif arr.min() >= 0 and arr.max() < stop:
+        return        # the common case: two reductions, a third of the masks' cost
     bad = (arr < 0) | (arr >= stop)
     if allowed is not None:
         bad &= arr != allowed

@@ -3,8 +3,10 @@ NumPy: exp_nonpositive (float64 arithmetic), and the _native / _shifted forms th
 the input's dtype (float32 arithmetic for float32) with an optional shift per lane."""
 import numpy as np
 from hypothesis import given, strategies as st
+from numba import njit
 
-from npattn.kernels.exp import exp_nonpositive, exp_nonpositive_native, exp_shifted_native
+from npattn.kernels.exp import (exp_for, exp_nonpositive, exp_nonpositive_native,
+                                exp_shifted_native)
 from strategies import dtypes
 
 # the domain: [-inf, 0], with its edges (the underflow cut, denormal inputs) drawn often
@@ -73,3 +75,26 @@ def test_native_exp_within_one_ulp_in_its_dtype(dtype, xs, width, data):
                                                                      np.finfo(dtype).eps)
     assert np.all(ulps <= 1.0), (arg[normal][np.argmax(ulps)], np.max(ulps))
     assert np.all(np.abs(out[~normal & ~np.isnan(want) & (arg <= 0)]) <= tiny)
+
+
+@njit
+def _short_exps(like, x, out):
+    for k in range(x.shape[0]):
+        out[k] = exp_for(like, x[k])
+
+
+@given(dtype=dtypes, xs=st.lists(values, min_size=0, max_size=70))
+def test_exp_for_a_dtype_is_as_precise_as_that_dtype_needs(dtype, xs):
+    """exp_for(like, x): float64 arithmetic for any like, within 6e-9 relative of exp(x) for a
+    float32 like (exp_one_short: a fifth of float32's half ulp) and within float64's 1 ulp for a
+    float64 one (exp_one); 0 below -708 and at -inf, NaN for NaN."""
+    x = np.array(xs, dtype=np.float64)
+    out = np.empty_like(x)
+    _short_exps(np.empty(0, dtype), x, out)
+    want = np.exp(x)
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    normal = np.isfinite(want) & (x >= -708.0) & (want >= np.finfo(np.float64).tiny)
+    rel = np.abs(out[normal] - want[normal]) / want[normal]
+    bound = 6e-9 if dtype == np.float32 else np.finfo(np.float64).eps
+    assert np.all(rel <= bound), (x[normal][np.argmax(rel)], np.max(rel))
+    assert np.all(out[x < -708.0] == 0)

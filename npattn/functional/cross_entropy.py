@@ -28,13 +28,15 @@ from ..kernels.cross_entropy import (cross_entropy_backward_kernel, cross_entrop
 
 def _rows(input, target, ignore_index):
     """input as rows (M, C) with the classes last, C-contiguous; target as (M,) int64 with
-    ignore_index mapped to -1, the kernels' mark for an ignored row."""
-    classes_last = np.moveaxis(input, 1, -1) if input.ndim > 1 else input   # (N, d..., C)
+    ignore_index mapped to -1, the kernels' mark for an ignored row (any negative target is
+    one: a negative ignore_index, the default -100, needs no mapping)."""
+    classes_last = np.moveaxis(input, 1, -1) if input.ndim > 2 else input   # (N, d..., C)
     rows = _checks.contiguous(classes_last)
     rows = rows.reshape(math.prod(rows.shape[:-1]), rows.shape[-1])          # (M, C)
     target = _checks.as_int64(target)                         # in [0, C) or ignore_index
-    flat = np.where(target == ignore_index, -1, target).reshape(-1)           # (M,) int64
-    return rows, flat
+    if ignore_index >= 0:
+        target = np.where(target == ignore_index, -1, target)
+    return rows, target.reshape(-1)                           # (M,) int64
 
 
 def cross_entropy_forward(input, target, *, ignore_index=-100, reduction="mean",

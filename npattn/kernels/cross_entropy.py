@@ -16,7 +16,10 @@ has p = 0 (and makes a smoothed loss inf, as in PyTorch); a row whose every logi
 with a NaN or +inf, gives NaN -- PyTorch's log_softmax does the same.
 
 Each row is read twice: for its max, then in one vector loop that forms x_c - m, its exp
-(``exp_one``, inlined) and the two sums -- the backward keeps the exps for its third pass, the
+(``exp_for``, inlined: in float64 arithmetic, within 1 ulp of float64 for float64 rows and
+within 6e-9 relative -- a fifth of float32's half ulp, at about half the series -- for float32
+rows, whose results are rounded to float32; measured on a Zen 3, (768, 65) float32: forward
+and backward kernels 1.6-1.7x faster than with the float64 rows' exp) and the two sums -- the backward keeps the exps for its third pass, the
 forward keeps nothing. (Measured on Zen 4, (768, 65) and (2048, 65) float32, 2 threads,
 alternating: forward 1.29-1.31×, backward 1.25-1.27× faster than four passes through float64
 scratch rows; the same bits at these shapes.)
@@ -28,7 +31,7 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .exp import exp_one
+from .exp import exp_for
 from .softmax import LANES, row_max
 
 ROWS = 16  # rows per parallel work item: the scratch is allocated once per item
@@ -43,7 +46,7 @@ def row_exp_sum(row, lanes):
     total = 0.0
     for c in range(row.shape[0]):
         shifted = np.float64(row[c]) - m       # all -inf: -inf - -inf = NaN, as PyTorch
-        s += exp_one(shifted)
+        s += exp_for(row, shifted)
         total += shifted
     return m, s, total
 
@@ -57,7 +60,7 @@ def row_exps(row, lanes, e):
     m = np.float64(row_max(row, lanes))
     s = 0.0
     for c in range(row.shape[0]):
-        ec = exp_one(np.float64(row[c]) - m)
+        ec = exp_for(row, np.float64(row[c]) - m)
         e[c] = ec
         s += ec
     return s

@@ -104,8 +104,8 @@ from numba import prange, types
 from numba.extending import overload
 
 from .._jit import OVERLOAD_OPTIONS, fma_kernel, parallel_kernel
-from .exp import (F32, LN2_HI, LN2_HI_F32, LN2_LO, LN2_LO_F32, LOG2E, LOG2E_F32, exp_series,
-                  exp_series_f32)
+from .exp import (F32, LN2_HI, LN2_HI_F32, LN2_LO, LN2_LO_F32, LOG2E, LOG2E_F32, SHIFTER,
+                  exp_series, exp_series_f32)
 
 BLOCK = 4096  # elements per prange iteration: enough work to amortise scheduling
 
@@ -154,7 +154,8 @@ def exp_scaled(h, tail):
     # h − t·ln 2 is exact (any float64 h; −ah²/2 below) and |tail| < 3e-5: s = 2^(t + BIAS)
     t = np.floor(h * LOG2E + 0.5)
     r = ((h - t * LN2_HI) - t * LN2_LO) + tail
-    return exp_series(r), np.int64((np.int64(t) + (1023 + BIAS)) << 52).view(np.float64)
+    return exp_series(r), np.int64(np.float64(t + (SHIFTER + (1023 + BIAS))).view(np.int64)
+                                   << 52).view(np.float64)      # (exp.py's SHIFTER)
 
 
 @fma_kernel
