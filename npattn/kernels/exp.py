@@ -6,11 +6,14 @@ the C library's ``exp`` per element (which LLVM cannot vectorise here: Numba has
 ``r`` is formed with ln 2 split in two parts (Cody-Waite: t·LN2_HI is exact), ``exp(r)`` is its
 Taylor series to degree 13 (the first term left out is below 1e-17 relative), evaluated by
 Horner's rule with fused multiply-adds, and 2^t is built from its bits: (t + 1023) << 52 is the
-float64 whose value is 2^t (formed in float64 arithmetic: SHIFTER below); the result is within 1 ulp of the true value (measured over 2^20
-values of [-∞, 0]: max 1.0 ulp). ``exp_parts_f32`` and its callers do the same steps in float32
-arithmetic with twice the lanes (a degree-7 series, whose error is below float32's half ulp;
-(t + 127) << 23); ``exp_shifted_native`` picks the arithmetic of the input's dtype (softmax and
-the attention engine use it), ``exp_shifted`` computes in float64 for any input.
+float64 whose value is 2^t (formed in float64 arithmetic: SHIFTER below); the result is within
+1 ulp of the true value (measured over 2^20 values of [-∞, 0]: max 1.0 ulp). ``exp_parts_f32``
+and its callers do the same steps in float32 arithmetic with twice the lanes (a degree-7
+series, whose error is below float32's half ulp; (t + 127) << 23); ``exp_shifted_native``
+picks the arithmetic of the input's dtype (softmax and the attention engine use it),
+``exp_shifted`` computes in float64 for any input, and ``exp_for`` computes in float64 as
+precisely as a float32 or float64 result needs (cross-entropy: ``exp_one_short``, a degree-7
+series, for float32).
 
 Edges: x < -708 (where 2^t would leave float64's normal range) and x = -inf give 0; NaN gives
 NaN. x > 0 is outside the contract (softmax only ever exponentiates x - max(x) <= 0).
@@ -55,11 +58,19 @@ def exp_series(r):
 
 
 @fma_kernel
-def exp_parts(xv):
-    # (p, bits) with exp(xv) = p · 2^t for float64 xv in [UNDERFLOW, 0]; bits: those of 2^t
+def exp_reduce(xv):
+    # (r, bits) with exp(xv) = exp(r) · 2^t for float64 xv in [UNDERFLOW, 0]: the reduced
+    # argument, |r| <= ln(2)/2, and the bits of the float64 2^t
     t = np.floor(xv * LOG2E + 0.5)
     r = (xv - t * LN2_HI) - t * LN2_LO
-    return exp_series(r), np.float64(t + (SHIFTER + 1023)).view(np.int64) << 52   # 2^t's bits
+    return r, np.float64(t + (SHIFTER + 1023)).view(np.int64) << 52
+
+
+@fma_kernel
+def exp_parts(xv):
+    # (p, bits) with exp(xv) = p · 2^t for float64 xv in [UNDERFLOW, 0]; bits: those of 2^t
+    r, bits = exp_reduce(xv)
+    return exp_series(r), bits
 
 
 @fma_kernel
@@ -98,10 +109,7 @@ def exp_one_short(xv):
     # exp_one to float32's precision (within 6e-9 relative): what a float64 sum of float32
     # results needs, at about half exp_one's series
     under = xv < UNDERFLOW
-    x = 0.0 if under else xv
-    t = np.floor(x * LOG2E + 0.5)
-    r = (x - t * LN2_HI) - t * LN2_LO
-    bits = np.float64(t + (SHIFTER + 1023)).view(np.int64) << 52
+    r, bits = exp_reduce(0.0 if under else xv)
     return 0.0 if under else exp_series_short(r) * np.int64(bits).view(np.float64)
 
 
