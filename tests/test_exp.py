@@ -85,9 +85,10 @@ def _short_exps(like, x, out):
 
 @given(dtype=dtypes, xs=st.lists(values, min_size=0, max_size=70))
 def test_exp_for_a_dtype_is_as_precise_as_that_dtype_needs(dtype, xs):
-    """exp_for(like, x): float64 arithmetic for any like, within 6e-9 relative of exp(x) for a
-    float32 like (exp_one_short: a fifth of float32's half ulp) and within float64's 1 ulp for a
-    float64 one (exp_one); 0 below -708 and at -inf, NaN for NaN."""
+    """exp_for(like, x): float64 arithmetic for any like, within 7.5e-9 relative of exp(x) for
+    a float32 like (exp_one_short: the degree-7 series leaves r^8/8! <= 7.3e-9 of exp(r) at
+    r = -ln(2)/2, a quarter of float32's half ulp) and within float64's 1 ulp for a float64 one
+    (exp_one); 0 below -708 and at -inf, NaN for NaN."""
     x = np.array(xs, dtype=np.float64)
     out = np.empty_like(x)
     _short_exps(np.empty(0, dtype), x, out)
@@ -95,6 +96,6 @@ def test_exp_for_a_dtype_is_as_precise_as_that_dtype_needs(dtype, xs):
     assert np.array_equal(np.isnan(out), np.isnan(want))
     normal = np.isfinite(want) & (x >= -708.0) & (want >= np.finfo(np.float64).tiny)
     rel = np.abs(out[normal] - want[normal]) / want[normal]
-    bound = 6e-9 if dtype == np.float32 else np.finfo(np.float64).eps
+    bound = 7.5e-9 if dtype == np.float32 else np.finfo(np.float64).eps
     assert np.all(rel <= bound), (x[normal][np.argmax(rel)], np.max(rel))
     assert np.all(out[x < -708.0] == 0)

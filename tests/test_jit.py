@@ -46,7 +46,8 @@ def all_kernels():
 # _jit.fma_kernel (contract only): the kernels whose order of operations is the point
 FMA_ONLY = {"exp_parts", "exp_one",
             "exp_nonpositive", "exp_shifted", "exp_parts_f32", "exp_one_f32", "exp_nonpositive_f32",
-            "exp_shifted_f32", "exp_series",
+            "exp_shifted_f32", "exp_series", "exp_series_tail", "exp_reduce", "exp_series_short",
+            "exp_one_short",
             # kernels/gelu.py: the polynomials, the Fast2Sum, and the loops that inline them
             "exp_scaled", "mills", "half_square_exp", "tail_ratio", "tanh_parts",
             "normal_forward_block", "normal_backward_block", "tanh_forward_block",

@@ -48,6 +48,12 @@ def exp_series(r):
     p = p * r + 1.0 / 362880.0
     p = p * r + 1.0 / 40320.0
     p = p * r + 1.0 / 5040.0
+    return exp_series_tail(p, r)
+
+
+@fma_kernel
+def exp_series_tail(p, r):
+    # the last seven of Horner's steps for exp(r)'s Taylor series, from p = its value after 1/7!
     p = p * r + 1.0 / 720.0
     p = p * r + 1.0 / 120.0
     p = p * r + 1.0 / 24.0
@@ -93,20 +99,14 @@ def exp_nonpositive(x, out):
 @fma_kernel
 def exp_series_short(r):
     # exp(r) for |r| <= ln(2)/2 to float32's precision, in float64: the Taylor series to degree
-    # 7, whose first term left out, r^8/8! <= 5.6e-9 relative, is a fifth of float32's half ulp
-    p = 1.0 / 5040.0
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    return p * r + 1.0
+    # 7, whose first term left out, r^8/8!, is at most 7.3e-9 of exp(r) (at r = -ln(2)/2): a
+    # quarter of float32's half ulp or less
+    return exp_series_tail(1.0 / 5040.0, r)
 
 
 @fma_kernel
 def exp_one_short(xv):
-    # exp_one to float32's precision (within 6e-9 relative): what a float64 sum of float32
+    # exp_one to float32's precision (within 7.5e-9 relative): what a float64 sum of float32
     # results needs, at about half exp_one's series
     under = xv < UNDERFLOW
     r, bits = exp_reduce(0.0 if under else xv)
