@@ -216,6 +216,42 @@ def test_small_products_give_the_same_bits_however_the_columns_are_split(
     np.testing.assert_array_equal(split_c, whole)
 
 
+@given(dtype=dtypes, m=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 300),
+       trans=st.sampled_from([(False, False), (False, True), (True, False)]),
+       short=st.floats(0.0, 0.99), items=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+def test_packing_space_too_small_is_never_written_past(dtype, m, n, k, trans, short, items, seed):
+    """The packing kernels take their space from the caller (gemm sizes it); given less than
+    they need -- a slice of a larger buffer here -- they pack into a buffer of their own, never
+    past the slice's end, and give the product's bits all the same."""
+    e = engine(dtype)
+    rng = np.random.default_rng(seed)
+    trans_a, trans_b = trans
+    a = make_values(rng, (1,) + ((k, m) if trans_a else (m, k)), dtype)
+    b = make_values(rng, (1,) + ((n, k) if trans_b else (k, n)), dtype)
+    want = np.empty((1, m, n), dtype)
+    with forced("packed"):
+        e.gemm(a, b, want, trans_a=trans_a, trans_b=trans_b)
+    one = np.zeros(1, np.int64)
+    bias, sums = e.NO_BIAS[np.dtype(dtype)], e.NO_SUMS[np.dtype(dtype)]
+    item_rows = e.MR * -(-m // (e.MR * items))              # `items` items of whole strips
+    mc = min(e.MC_MAX, item_rows)
+    n_items = -(-m // item_rows)
+    needs = {"gemm_kernel": -(-n // e.NR) * e.KC * e.NR,
+             "batched_gemm_kernel": n_items * int(e.item_space(n, mc))}
+    for name, need in needs.items():
+        sentinel = dtype(1234.5)
+        big = np.full(need + 4 * e.KC * e.NR, sentinel, dtype)
+        space = big[:int(need * short)]
+        got = np.empty((1, m, n), dtype)
+        common = (a, b, got, bias, sums, one, one, trans_a, trans_b, False, mc)
+        if name == "gemm_kernel":
+            e.gemm_kernel(*common, space)
+        else:
+            e.batched_gemm_kernel(*common, item_rows, space)
+        assert (big[space.shape[0]:] == sentinel).all(), f"{name} wrote past its space"
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
 def test_nan_and_inf_propagate_through_the_packed_path():
     a = np.ones((20, 300), np.float32)
     b = np.ones((300, 40), np.float32)

@@ -401,6 +401,8 @@ def gemm_kernel(pack, block, a, b, c, bias, sums, a_index, b_index, trans_a, tra
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     n_mb = (n_rows + mc - 1) // mc
+    if bp.shape[0] < b.shape[0] * n_panels * KC * NR:   # a space too small: one of its own
+        bp = np.empty(b.shape[0] * n_panels * KC * NR, c.dtype)   # (packing never runs past it)
     for kb in range(n_kb):
         k = np.int64(kb)
         for w in prange(b.shape[0] * n_panels):
@@ -424,7 +426,7 @@ def batch_item(w, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accum
     # Work item w of batched_gemm_kernel: rows w·item_rows .. of one C[t] (all of them when
     # item_rows >= M), in blocks of mc rows; it packs the K blocks of op(B) it needs itself,
     # into its own slot w of `space` (item_space elements each), or into a buffer of its own
-    # when `space` is empty
+    # when `space` is empty or has no whole slot w
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     n_items = (n_rows + item_rows - 1) // item_rows
@@ -433,7 +435,8 @@ def batch_item(w, a, b, c, bias, sums, a_index, b_index, trans_a, trans_b, accum
     r1 = min(r0 + item_rows, n_rows)
     panel_size = KC * NR
     size = item_space(n_cols, mc)
-    slot = space[w * size:(w + 1) * size] if space.shape[0] > 0 else np.empty(size, c.dtype)
+    fits = space.shape[0] >= (w + 1) * size      # (else, or empty: a buffer of its own --
+    slot = space[w * size:(w + 1) * size] if fits else np.empty(size, c.dtype)  # never past it)
     panels = slot[:n_panels * panel_size]
     ap = slot[n_panels * panel_size:]
     out = np.empty((MR, NR), c.dtype)
