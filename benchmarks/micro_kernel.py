@@ -14,6 +14,12 @@ tile is checked against NumPy's float64 product of the same panels.
 Rounds are interleaved (every candidate once per round, in turn), and the median and best of
 ``--rounds`` are reported: on a shared machine a slow round hits one candidate, not a column.
 
+``--threads N`` runs each timed call on N threads at once (a ``prange`` over N, each iteration
+the same loop on its own copy of the operands; Python threads measured no overlap): the figures are then the N cores' sum, and the peak is
+the peak of N cores busy together -- what a product on N threads can reach at most. On a
+2-vCPU cloud machine that is not twice one core's: a core may share its clock, power or
+execution units with a neighbour, and the one-thread figures hide it.
+
 The first row of each dtype is the core's **FMA peak**, measured in the same rounds: CHAINS
 independent fused multiply-adds on vectors of the family's register width (zmm for avx512, ymm
 for avx2), written as LLVM vectors as the tiles are, no memory access -- as many FLOPs a
@@ -53,7 +59,13 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     parser.add_argument("--flops", type=float, default=2e8,
                         help="floating-point operations per timed call (default 2e8)")
-    return parser.parse_args(argv)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads running each timed call at once, each on its own "
+                             "operands; the figures are their sum (default 1)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.threads <= 256:
+        parser.error(f"--threads must be 1..256; got {args.threads}")
+    return args
 
 
 def parse_tiles(text):
@@ -160,6 +172,26 @@ def build_peak(dtype, np, njit):
     return loop, x, 2.0 * CHAINS * lanes
 
 
+def spread_tile(loop, n, numba):
+    """``loop`` (build's) run by n threads at once, thread i on row i of stacked operands."""
+    @numba.njit(parallel=True, nogil=True)
+    def spread(reps, kc, aps, bps, tiles):
+        for i in numba.prange(n):
+            loop(reps, kc, aps[i], bps[i], tiles[i])
+    return spread
+
+
+def spread_peak(loop, n, numba):
+    """``loop`` (build_peak's) run by n threads at once; returns their sum."""
+    @numba.njit(parallel=True, nogil=True)
+    def spread(reps, x):
+        total = x - x
+        for i in numba.prange(n):
+            total += loop(reps, x)
+        return total
+    return spread
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -186,20 +218,32 @@ def main(argv=None):
         peaks[dtype] = (loop, x, max(1, int(args.flops / per_step)), per_step)
     rates = {(name, dtype): [] for name, dtype, *_ in cases}
     peak_rates = {dtype: [] for dtype in peaks}
+    n = args.threads
+    if n > numba.config.NUMBA_NUM_THREADS:
+        raise SystemExit(f"--threads {n}: Numba has {numba.config.NUMBA_NUM_THREADS} threads "
+                         f"(NUMBA_NUM_THREADS)")
+    if n > 1:                                    # each thread the loop on its own operands
+        numba.set_num_threads(n)
+        cases = [(name, dtype, spread_tile(loop, n, numba), reps,
+                  *(np.stack([v] * n) for v in (ap, bp, tile)), flops)
+                 for name, dtype, loop, reps, ap, bp, tile, flops in cases]
+        peaks = {dtype: (spread_peak(loop, n, numba), x, reps, per_step)
+                 for dtype, (loop, x, reps, per_step) in peaks.items()}
     for _ in range(args.rounds):
         for dtype, (loop, x, reps, per_step) in peaks.items():
             start = time.perf_counter()
             loop(reps, x)
-            peak_rates[dtype].append(per_step * reps / (time.perf_counter() - start) / 1e9)
+            peak_rates[dtype].append(n * per_step * reps / (time.perf_counter() - start) / 1e9)
         for name, dtype, loop, reps, ap, bp, tile, flops in cases:
             start = time.perf_counter()
             loop(reps, KC, ap, bp, tile)
-            rates[name, dtype].append(flops / (time.perf_counter() - start) / 1e9)
+            rates[name, dtype].append(n * flops / (time.perf_counter() - start) / 1e9)
 
     target = (f"AVX2 code (NUMBA_CPU_NAME={os.environ.get('NUMBA_CPU_NAME')}, AVX-512 off)"
               if os.environ.get("NPATTN_MICRO_REEXEC") == "avx2" else
               f"native code (LLVM CPU {llvmlite.binding.get_host_cpu_name()})")
-    print(f"GEMM micro-kernel, KC = {KC}, one thread, GFLOP/s over {args.rounds} interleaved "
+    where = "one thread" if n == 1 else f"{n} threads at once, their sum"
+    print(f"GEMM micro-kernel, KC = {KC}, {where}, GFLOP/s over {args.rounds} interleaved "
           f"rounds\n{cpu_model()}; {target}; Numba {numba.__version__}; commit {git_commit()}\n"
           f"command: python -m benchmarks.micro_kernel {' '.join(argv)}\n")
     print("| tile | dtype | median GFLOP/s | best GFLOP/s | % of peak |\n|---|---|---:|---:|---:|")

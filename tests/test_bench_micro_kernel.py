@@ -50,3 +50,22 @@ def test_the_peak_probe_is_independent_fmas_in_registers():
     assert all(register in f for f in fmas), body
     assert "(%rsp)" not in body and not re.search(r"\bv(mul|add)p", body), body
     assert not numba.config.DISABLE_JIT
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_spread_runs_every_thread_on_its_own_operands(n):
+    """--threads: spread_peak sums n runs of the probe; spread_tile leaves in each thread's
+    tile the product of that thread's own panels (distinct here, so a thread that ran
+    another's operands, or none, shows)."""
+    loop, x, _ = micro_kernel.build_peak("float32", np, njit)
+    assert micro_kernel.spread_peak(loop, n, numba)(50, x) == pytest.approx(n * loop(50, x),
+                                                                           rel=1e-6)
+    mr, nr, kc = 4, 16, micro_kernel.KC
+    tile_loop, ap, bp, tile = micro_kernel.build(mr, nr, "float32", np, njit)
+    aps = np.stack([ap + i for i in range(n)])
+    bps = np.stack([bp - i for i in range(n)])
+    out = np.full((n, mr, nr), np.nan, np.float32)
+    micro_kernel.spread_tile(tile_loop, n, numba)(2, kc, aps, bps, out)
+    for i in range(n):
+        want = aps[i].reshape(kc, mr).astype(np.int64).T @ bps[i].reshape(kc, nr).astype(np.int64)
+        assert np.array_equal(out[i], want), i
