@@ -64,6 +64,12 @@ def matmul_forward(a, b):
 
     Shapes: a (*Ba, M, K) · b (*Bb, K, N) -> out (*broadcast(Ba, Bb), M, N)
     """
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
+            and a.dtype is b.dtype and a.dtype in _checks.FLOAT_DTYPES
+            and a.shape[1] == b.shape[0] and a.flags.carray and b.flags.carray):
+        out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)   # the common case at once:
+        gemm(a, b, out)                             # what the checks and _operands below give
+        return out                                  # it, without their 3-4 µs (n = 128: 45)
     a, b, batch = _checks.matmul_args(a, b)                   # one float dtype, K agrees
     a3, b3, a_index, b_index, out_shape = _operands(a, b, batch)
     t, m, n = a_index.shape[0], a3.shape[1], b3.shape[2]

@@ -112,11 +112,10 @@ Accumulators: the input dtype (float32 in float32, as PyTorch's CPU kernels do).
 """
 import math
 
-import numba
 import numpy as np
 from numba import prange
 
-from .._jit import call_body, kernel, parallel_items
+from .._jit import call_body, kernel, parallel_items, thread_count
 from . import _lane_max, tiles, vector_pack, vector_tile
 from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, BlockPair, ForwardScratch,
                               KeyBlock, QueryBlock, Scratch, batch_scores, dropout_first,
@@ -154,7 +153,7 @@ def forward_block_rows(n_heads, n_rows):
     """Query rows per forward work item (Python, once per call): FORWARD_BQ, or fewer --
     whole panels of NR -- when (heads × blocks) would leave a thread idle. Each row's result is
     the same whatever block holds it, so this may depend on the thread count."""
-    threads = numba.get_num_threads()
+    threads = thread_count()
     rows = FORWARD_BQ
     while rows > NR and n_heads * -(-n_rows // rows) < 2 * threads:
         rows //= 2

@@ -7,8 +7,8 @@ and arrow::
 
     functional/linear.py::linear_forward -> tiles.gemm   # (linear_backward, matmul: the same)
     tiles.gemm     -> engine, kernels/gemm.py::gemm   # engine("gemm", dtype): this module
-    gemm           -> gemm_kernel, _index, _row_block, item_space, _packing_space,
-                      _small_columns
+    gemm           -> gemm_kernel, _index, _plan, _packing_space, _small_columns
+    _plan          -> _row_block, item_space    # (kept per shapes and thread count)
     gemm           => batched_gemm_kernel, small_dot_kernel    # or their .serial twins
     gemm           -> column_sum_kernel    # row_sums on the unpacked path (kernels/linear.py)
     gemm_kernel    => pack_item, rows_item    # per K block: pack B's panels, then C's rows
@@ -90,11 +90,10 @@ Accumulator: the input dtype (float32 in float32, as OpenBLAS and PyTorch do).
 """
 import threading
 
-import numba
 import numpy as np
 from numba import prange
 
-from .._jit import call_body, kernel, parallel_items, parallel_kernel
+from .._jit import call_body, kernel, parallel_items, parallel_kernel, thread_count
 from . import tiles, vector_pack, vector_tile
 from .linear import column_sum_kernel
 
@@ -617,27 +616,48 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
         for t in range(n_batch if row_sums is not None else 0):   # (nothing packed here:
             column_sum_kernel(np.ascontiguousarray(a3[a_index[t]].T), sums[t])  # its sums)
         return c
-    threads = numba.get_num_threads()
-    if n_batch >= BATCHED * threads:
-        item_rows = n_rows
-    else:
-        item_rows = _row_block(n_rows, n_batch, threads, n_rows)
-    if (n_batch >= BATCHED * threads or work <= PACKED_SMALL or item_rows >= ONE_LAUNCH_ROWS
-            or -(-n_cols // NR) * NR * KC * c.itemsize <= ONE_LAUNCH_B):
-        mc = _row_block(item_rows, 1, 1, MC_MAX)
-        n_items = n_batch * -(-n_rows // item_rows)
-        size = n_items * item_space(n_cols, mc)
+    key = (n_batch, n_rows, n_cols, n_inner, b3.shape[0], c.itemsize, thread_count())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan(*key)
+    one_launch, mc, item_rows, size = plan
+    if one_launch:
         space = (_packing_space(size, c.dtype) if size * c.itemsize <= KEPT_SPACE
                  else NO_BIAS[c.dtype])         # (empty: each item allocates its own)
         run = batched_gemm_kernel.serial if work <= SERIAL_PACKED else batched_gemm_kernel
         run(a3, b3, c3, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc,
             item_rows, space)
         return c
-    packed_b = b3.shape[0] * -(-n_cols // NR) * KC * NR     # one K block of op(B)
-    mc = _row_block(n_rows, n_batch, threads, MC_MAX)
     gemm_kernel(a3, b3, c3, bias, sums, a_index, b_index, trans_a, trans_b, accumulate, mc,
-                _packing_space(packed_b, c.dtype))
+                _packing_space(size, c.dtype))
     return c
+
+
+_plans = {}    # a packed product's shapes and thread count -> _plan's answer (a few µs each)
+MAX_PLANS = 4096
+
+
+def _plan(n_batch, n_rows, n_cols, n_inner, b_stored, itemsize, threads):
+    """(one launch?, MC, rows per item, elements of packing space) of a packed product, a
+    function of the shapes and the thread count alone (none of which changes the bits), kept
+    in ``_plans``: a small product's Python is most of its time (n = 128: 45 µs in all)."""
+    work = n_batch * n_rows * n_cols * n_inner
+    if n_batch >= BATCHED * threads:
+        item_rows = n_rows
+    else:
+        item_rows = _row_block(n_rows, n_batch, threads, n_rows)
+    if (n_batch >= BATCHED * threads or work <= PACKED_SMALL or item_rows >= ONE_LAUNCH_ROWS
+            or -(-n_cols // NR) * NR * KC * itemsize <= ONE_LAUNCH_B):
+        mc = _row_block(item_rows, 1, 1, MC_MAX)
+        n_items = n_batch * -(-n_rows // item_rows)
+        plan = True, mc, item_rows, n_items * item_space(n_cols, mc)
+    else:
+        packed_b = b_stored * -(-n_cols // NR) * KC * NR     # one K block of op(B)
+        plan = False, _row_block(n_rows, n_batch, threads, MC_MAX), n_rows, packed_b
+    if len(_plans) >= MAX_PLANS:
+        _plans.clear()
+    _plans[n_batch, n_rows, n_cols, n_inner, b_stored, itemsize, threads] = plan
+    return plan
 
 
 _spaces = threading.local()    # each Python thread's packing space: {dtype: array}
