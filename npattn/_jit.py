@@ -121,21 +121,24 @@ except ImportError:                                         # pragma: no cover
 
 try:        # the thread pool's own count, without get_num_threads' two locks (private API)
     from numba.np.ufunc import parallel as _parallel
-    _pool_count = _parallel._get_num_threads
-except (ImportError, AttributeError):                       # pragma: no cover
-    _parallel = _pool_count = None
+except ImportError:                                         # pragma: no cover
+    _parallel = None
 
 
 def thread_count():
     """``numba.get_num_threads()`` (the calling thread's count: set_num_threads is per
     thread), at an eighth of its cost once the pool is up: 0.3 against 2.1 µs on Zen 3, paid by
-    every matrix product a decoded token makes. Before the pool starts, or if Numba's
-    internals moved, it is get_num_threads itself."""
-    if _pool_count is not None and getattr(_parallel, "_is_initialized", False):
-        count = _pool_count()
+    every packed matrix product. Before the pool starts (the function it reads is bound at the
+    launch), or if Numba's internals moved, it is get_num_threads itself."""
+    if getattr(_parallel, "_is_initialized", False):
+        count = getattr(_parallel, "_get_num_threads", _no_count)()
         if count > 0:
             return count
     return numba.get_num_threads()
+
+
+def _no_count():
+    return 0
 
 
 if "NUMBA_SLP_VECTORIZE" not in os.environ:

@@ -354,3 +354,26 @@ def test_without_the_width_attribute_the_kernels_compile_narrower_and_info_says_
 def test_with_the_width_attribute_the_cache_key_is_plain():
     assert _jit.FULL_WIDTH is None
     assert not _jit.cache_key().endswith("-narrow")
+
+
+def test_thread_count_is_the_calling_threads_get_num_threads():
+    """_jit.thread_count() (read from the pool, without get_num_threads' locks) answers what
+    numba.get_num_threads() answers: after set_num_threads, and per Python thread (the count is
+    thread-local), so that gemm's plans (kept per thread count) and attention's block rows follow
+    a caller's set_num_threads."""
+    import threading
+    before = numba.get_num_threads()
+    seen = []
+    try:
+        for n in (1, numba.config.NUMBA_NUM_THREADS, 1):
+            numba.set_num_threads(n)
+            seen.append((_jit.thread_count(), numba.get_num_threads(), n))
+
+            def other():
+                seen.append((_jit.thread_count(), numba.get_num_threads(), None))
+            worker = threading.Thread(target=other)
+            worker.start()
+            worker.join()
+    finally:
+        numba.set_num_threads(before)
+    assert all(fast == slow and want in (None, slow) for fast, slow, want in seen), seen
