@@ -400,8 +400,9 @@ def gemm_kernel(pack, block, a, b, c, bias, sums, a_index, b_index, trans_a, tra
     n_batch, n_rows, n_cols = c.shape
     n_inner, n_kb, n_panels = op_b_blocks(b, trans_b, n_cols)
     n_mb = (n_rows + mc - 1) // mc
-    if bp.shape[0] < b.shape[0] * n_panels * KC * NR:   # a space too small: one of its own
-        bp = np.empty(b.shape[0] * n_panels * KC * NR, c.dtype)   # (packing never runs past it)
+    need = b.shape[0] * n_panels * KC * NR             # one K block of op(B), every b-matrix
+    if bp.shape[0] < need:                             # a space too small: one of its own
+        bp = np.empty(need, c.dtype)                   # (packing never runs past it)
     for kb in range(n_kb):
         k = np.int64(kb)
         for w in prange(b.shape[0] * n_panels):
