@@ -712,3 +712,77 @@ def test_the_bad_input_base_call_is_valid():
     assert out.shape == (2, 4, 3, 7) and lse.shape == (2, 4, 3)
     assert np.all(kc[..., 4:7, :] == 1) and np.all(kc[..., 7:, :] == 0)
     assert np.all(vc[..., :4, :] == 0) and np.all(vc[..., 4:7, :] == 1)
+
+
+PERTURBATIONS = ("none", "dtype", "shape", "strided", "readonly", "shared", "length",
+                 "length_type", "flag_type", "scale_type", "rank", "no_new")
+
+
+@st.composite
+def checked_calls(draw):
+    """The arguments a decoded token passes kv_cache_args (4-D, C-contiguous, one dtype, new
+    keys and values, an int cache_length that fits), with one thing changed or not."""
+    dtype = draw(dtypes)
+    b, h, n, e, ev = (draw(st.integers(1, 3)) for _ in range(5))
+    smax = draw(st.integers(n, n + 6))
+    arrays = {"query": (b, h, n, e), "key_cache": (b, h, smax, e), "value_cache": (b, h, smax, ev),
+              "key": (b, h, n, e), "value": (b, h, n, ev)}
+    args = {name: np.zeros(shape, dtype) for name, shape in arrays.items()}
+    args["cache_length"] = draw(st.integers(0, smax - n))
+    options = {"is_causal": draw(st.booleans()), "scale": draw(st.none() | st.just(0.5)),
+               "enable_gqa": draw(st.booleans())}
+    change = draw(st.sampled_from(PERTURBATIONS))
+    name = draw(st.sampled_from(sorted(arrays)))
+    if change == "dtype":
+        args[name] = args[name].astype(np.float64 if dtype == np.float32 else np.float32)
+    elif change == "shape":
+        shape = list(arrays[name])
+        shape[draw(st.integers(0, 3))] += 1
+        args[name] = np.zeros(shape, dtype)
+    elif change == "strided":
+        args[name] = np.zeros(arrays[name][:-1] + (2 * arrays[name][-1],), dtype)[..., ::2]
+    elif change == "readonly":
+        args[name].setflags(write=False)
+    elif change == "shared":
+        args["value_cache"] = args["key_cache"] if e == ev else args["key_cache"][..., :ev]
+    elif change == "length":
+        args["cache_length"] = draw(st.sampled_from([-1, smax - n + 1]))
+    elif change == "length_type":
+        args["cache_length"] = draw(st.sampled_from([np.int64, float]))(args["cache_length"])
+    elif change == "flag_type":
+        options[draw(st.sampled_from(["is_causal", "enable_gqa"]))] = np.bool_(True)
+    elif change == "scale_type":
+        options["scale"] = draw(st.sampled_from([2, np.float32(0.5), np.float64(0.5)]))
+    elif change == "rank":
+        args[name] = args[name][None]
+    elif change == "no_new":
+        args["key"] = args["value"] = None
+    return args, options, change
+
+
+@settings(max_examples=1000, deadline=None)
+@given(call=checked_calls())
+def test_the_decode_checks_common_lane_accepts_only_what_the_checks_accept(call):
+    """_checks._kv_cache_common (the decoded token's case in one expression) returns exactly
+    what kv_cache_args' checks, one by one, return -- the same arrays, flags and scale -- and
+    nothing (the checks run) for any input they would reject or treat otherwise; the token's
+    own case takes it."""
+    from npattn import _checks
+    from npattn.functional.attention import AttentionOptions
+    args, options, change = call
+    values = (args["query"], args["key_cache"], args["value_cache"], args["cache_length"],
+              args["key"], args["value"], AttentionOptions(**options))
+    fast = _checks._kv_cache_common(*values)
+    with mock.patch.object(_checks, "_kv_cache_common", lambda *_: None):
+        try:
+            slow = _checks.kv_cache_args(*values)
+        except (TypeError, ValueError):
+            slow = None
+    event(f"{change}: {'lane' if fast is not None else 'checks'}")
+    if change == "none":
+        assert fast is not None
+    if fast is not None:
+        assert slow is not None and len(fast) == len(slow)
+        for got, want in zip(fast, slow):
+            assert got is want if isinstance(want, np.ndarray) or want is None else (
+                type(got) is type(want) and got == want), (got, want)
