@@ -618,10 +618,7 @@ def gemm(a, b, c, *, bias=None, a_index=None, b_index=None, trans_a=False, trans
             column_sum_kernel(np.ascontiguousarray(a3[a_index[t]].T), sums[t])  # its sums)
         return c
     key = (n_batch, n_rows, n_cols, n_inner, b3.shape[0], c.itemsize, thread_count())
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plan(*key)
-    one_launch, mc, item_rows, size = plan
+    one_launch, mc, item_rows, size = _plans.get(key) or _plan(key)
     if one_launch:
         space = (_packing_space(size, c.dtype) if size * c.itemsize <= KEPT_SPACE
                  else NO_BIAS[c.dtype])         # (empty: each item allocates its own)
@@ -638,10 +635,12 @@ _plans = {}    # a packed product's shapes and thread count -> _plan's answer (a
 MAX_PLANS = 4096
 
 
-def _plan(n_batch, n_rows, n_cols, n_inner, b_stored, itemsize, threads):
+def _plan(key):
     """(one launch?, MC, rows per item, elements of packing space) of a packed product, a
-    function of the shapes and the thread count alone (none of which changes the bits), kept
-    in ``_plans``: a small product's Python is most of its time (n = 128: 45 µs in all)."""
+    function of its ``key`` -- (T, M, N, K, b-matrices stored, itemsize, threads): the shapes
+    and the thread count alone, none of which changes the bits -- kept in ``_plans``: a small
+    product's Python is most of its time (n = 128: 45 µs in all)."""
+    n_batch, n_rows, n_cols, n_inner, b_stored, itemsize, threads = key
     work = n_batch * n_rows * n_cols * n_inner
     if n_batch >= BATCHED * threads:
         item_rows = n_rows
@@ -657,7 +656,7 @@ def _plan(n_batch, n_rows, n_cols, n_inner, b_stored, itemsize, threads):
         plan = False, _row_block(n_rows, n_batch, threads, MC_MAX), n_rows, packed_b
     if len(_plans) >= MAX_PLANS:
         _plans.clear()
-    _plans[n_batch, n_rows, n_cols, n_inner, b_stored, itemsize, threads] = plan
+    _plans[key] = plan
     return plan
 
 
