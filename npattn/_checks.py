@@ -19,6 +19,10 @@ import typing
 import numpy as np
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: NumPy's own dtype objects (an array of float32 has this very object as its dtype): the fast
+#: lanes compare by identity (a tenth of a µs less than ``in FLOAT_DTYPES``); any other
+#: object equal to them takes the checks' long way, with the same answer
+FLOAT32, FLOAT64 = FLOAT_DTYPES
 
 
 # ---------------------------------------------------------------- building blocks
@@ -235,10 +239,12 @@ def _kernel_ready(a, dtype, shape):
 
 def linear_args(x, weight, bias):
     """x (..., Fin), weight (Fout, Fin), bias (Fout,) or None -> C-contiguous, one dtype."""
-    if (type(x) is np.ndarray and type(weight) is np.ndarray and weight.dtype is x.dtype
-            and x.dtype in FLOAT_DTYPES and weight.ndim == 2 and x.ndim
+    dtype = x.dtype if type(x) is np.ndarray else None
+    if ((dtype is FLOAT32 or dtype is FLOAT64) and type(weight) is np.ndarray
+            and weight.dtype is dtype and weight.ndim == 2 and x.ndim
             and x.shape[-1] == weight.shape[1] and x.flags.carray and weight.flags.carray
-            and _kernel_ready(bias, x.dtype, weight.shape[:1])):
+            and (bias is None or (type(bias) is np.ndarray and bias.dtype is dtype
+                                  and bias.shape == weight.shape[:1] and bias.flags.carray))):
         return x, weight, bias      # the common case at once: the checks below pass it as it is
     x = float_array("x", x)
     weight = float_array("weight", weight)
@@ -835,9 +841,10 @@ def layer_norm_args(x, normalized_shape, weight, bias, eps):
     """x (..., *normalized_shape) float; weight and bias of shape normalized_shape or None;
     eps a finite real >= 0. Returns x, weight, bias C-contiguous, the shape and eps."""
     shape = normalized_shape_value("normalized_shape", normalized_shape)
-    if (type(x) is np.ndarray and x.dtype in FLOAT_DTYPES and x.flags.carray
+    dtype = x.dtype if type(x) is np.ndarray else None
+    if ((dtype is FLOAT32 or dtype is FLOAT64) and x.flags.carray
             and x.ndim >= len(shape) and x.shape[x.ndim - len(shape):] == shape
-            and _kernel_ready(weight, x.dtype, shape) and _kernel_ready(bias, x.dtype, shape)
+            and _kernel_ready(weight, dtype, shape) and _kernel_ready(bias, dtype, shape)
             and type(eps) is float and 0.0 <= eps < math.inf):
         return x, shape, weight, bias, eps      # the common case at once: as the checks below
     x = float_array("x", x)

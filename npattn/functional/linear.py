@@ -17,10 +17,14 @@ def linear_forward(x, weight, bias=None):
     512-vectors, each multiplied by Wᵀ: out (2, 5, 64).
     """
     x, weight, bias = _checks.linear_args(x, weight, bias)  # one float dtype, C-contiguous
-    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (N, Fin)
-    out = np.empty((rows.shape[0], weight.shape[0]), dtype=x.dtype)
-    gemm(rows, weight, out, bias=bias, trans_b=True)         # x·Wᵀ: W is read as Wᵀ
-    return out.reshape(*x.shape[:-1], weight.shape[0])      # (..., Fout)
+    fout, fin = weight.shape
+    out = np.empty(x.shape[:-1] + (fout,), x.dtype)         # (..., Fout)
+    if x.ndim == 2:                                         # (a decoded token's rows: no views)
+        gemm(x, weight, out, bias=bias, trans_b=True)       # x·Wᵀ: W is read as Wᵀ
+    else:                                                   # (N, Fin)·(Fout, Fin)ᵀ -> (N, Fout)
+        n = x.size // fin if fin else math.prod(x.shape[:-1])
+        gemm(x.reshape(n, fin), weight, out.reshape(n, fout), bias=bias, trans_b=True)
+    return out
 
 
 def linear_backward(dout, x, weight, bias=None):

@@ -39,12 +39,15 @@ class Linear(Module):
                                             dtype=dtype)) if bias else None)
 
     def forward(self, x):
-        x = _checks.float_input("x", x, self.weight.dtype, "Linear")
-        if x.ndim < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"x must have shape (..., {self.in_features}) to match "
-                             f"in_features; got {x.shape}")
+        weight = self.weight.data
+        if not (type(x) is np.ndarray and x.dtype is weight.dtype and x.ndim
+                and x.shape[-1] == self.in_features):   # (else the checks, and their errors)
+            x = _checks.float_input("x", x, weight.dtype, "Linear")
+            if x.ndim < 1 or x.shape[-1] != self.in_features:
+                raise ValueError(f"x must have shape (..., {self.in_features}) to match "
+                                 f"in_features; got {x.shape}")
         self._saved = x
-        return linear_forward(x, self.weight.data, None if self.bias is None else
+        return linear_forward(x, weight, None if self.bias is None else
                               self.bias.data)                      # (..., out_features)
 
     def backward(self, dout):

@@ -46,9 +46,9 @@ class LayerNorm(Module):
                 None if self.bias is None else self.bias.data)
 
     def forward(self, x):
-        if self.weight is not None:
-            x = _checks.float_input("x", x, self.weight.dtype, "LayerNorm")
         weight, bias = self._arrays()
+        if weight is not None and not (type(x) is np.ndarray and x.dtype is weight.dtype):
+            x = _checks.float_input("x", x, weight.dtype, "LayerNorm")
         y, stats = layer_norm_forward(x, self.normalized_shape, weight, bias, self.eps,
                                       return_stats=True)
         self._saved = (x, stats)                  # backward reuses the statistics
