@@ -95,6 +95,9 @@ class CausalSelfAttention(Module):
         self._generator = np.random.default_rng(draw_seed(seeds))       # attention dropout
 
     def _heads(self, qkv):
+        b, t, width = qkv.shape
+        if b == 1 and t == 1:           # one decoded token: its row already is (3, nh, hs)
+            return qkv.reshape(3, 1, self.n_head, 1, width // (3 * self.n_head))   # (a view)
         return split_heads(qkv, self.n_head, True, parts=3)            # q, k, v: (3, B, nh, T, hs)
 
     def forward(self, x, cache=None, start=0):
@@ -121,7 +124,9 @@ class CausalSelfAttention(Module):
         else:
             y, _ = scaled_dot_product_attention_with_kv_cache(q, cache[0], cache[1], start, k, v,
                                                               is_causal=True)
-        return self.resid_dropout(self.c_proj(merge_heads(y, True)))  # (B, T, C)
+        # (B, nh, T, hs) -> (B, T, C); for one position a view: the heads already side by side
+        merged = y.reshape(y.shape[0], 1, -1) if y.shape[2] == 1 else merge_heads(y, True)
+        return self.resid_dropout(self.c_proj(merged))              # (B, T, C)
 
     def backward(self, dout):
         """dx = [dq dk dv]·W_attn (the three heads' gradients merged side by side)."""
