@@ -47,8 +47,12 @@ ATen call): its unprofiled steps, alternating with the profiled ones, are printe
 and the glue row absorbs the difference.
 
 The GPT calls no standalone softmax: attention's softmax is inside the fused SDPA kernels
-(``attention fwd``/``bwd``; ``attention decode``: a generated token's row against the KV
-cache, ``scaled_dot_product_attention_with_kv_cache``), and sampling's is NumPy in ``GPT._sample`` (the ``sampling`` row).
+(``attention fwd``/``bwd``; ``attention decode``: rows against a KV cache,
+``scaled_dot_product_attention_with_kv_cache``), and sampling's is NumPy in ``GPT._sample`` (the
+``sampling`` row). A generated token's pass through a block is one fused call, ``block_decode``
+(functional/block.py: its layer norms, products, attention and GELU inside it), so generation
+shows it as the ``decode block`` row; the prefill and each token's ln_f and lm_head run the
+modules, in their own rows.
 """
 import argparse
 import importlib
@@ -60,8 +64,8 @@ import time
 import numpy as np
 
 #: Row order of the tables; "glue" is what no wrapper timed.
-GROUPS = ("linear (GEMM)", "attention fwd", "attention bwd", "attention decode", "layer_norm",
-          "gelu",
+GROUPS = ("linear (GEMM)", "attention fwd", "attention bwd", "attention decode", "decode block",
+          "layer_norm", "gelu",
           "cross_entropy", "embedding", "softmax", "dropout", "AdamW", "sampling (NumPy)")
 GLUE = "Python and NumPy glue"
 
@@ -74,6 +78,7 @@ TARGETS = (
     ("npattn.models.gpt", "scaled_dot_product_attention_forward", "attention fwd"),
     ("npattn.models.gpt", "scaled_dot_product_attention_backward", "attention bwd"),
     ("npattn.models.gpt", "scaled_dot_product_attention_with_kv_cache", "attention decode"),
+    ("npattn.models.gpt", "block_decode", "decode block"),
     ("npattn.nn.normalization", "layer_norm_forward", "layer_norm"),
     ("npattn.nn.normalization", "layer_norm_backward", "layer_norm"),
     ("npattn.models.gpt", "gelu_forward", "gelu"),

@@ -676,6 +676,119 @@ def _kv_cache_common(query, key_cache, value_cache, cache_length, key, value, op
             scale)
 
 
+BLOCK_OPTIONAL = frozenset((0, 1, 3, 5, 6, 7, 9, 11))   # a block's biases and norm weights
+
+
+def _block_shapes(width, hidden):
+    """The shapes of a block's twelve arrays (functional/block.py's BlockWeights) for C = width
+    and the MLP's F = hidden."""
+    return ((width,), (width,), (3 * width, width), (3 * width,), (width, width), (width,),
+            (width,), (width,), (hidden, width), (hidden,), (width, hidden), (width,))
+
+
+def _block_decode_common(x, weights, key_cache, value_cache, position, n_head, eps):
+    """block_decode_args' answer for the case generation gives it -- every array an ndarray of
+    x's dtype, C-contiguous, writeable and aligned, of its shape; ints and a float -- in one pass
+    (a GPT runs it once per layer per token); None for anything else, which block_decode_args
+    then checks one by one. It accepts only what those checks accept, and returns what they
+    return (tests/test_block_decode.py compares the two)."""
+    if not (type(x) is np.ndarray and (x.dtype is FLOAT32 or x.dtype is FLOAT64)
+            and x.ndim == 2 and x.flags.carray and type(n_head) is int
+            and type(position) is int and type(eps) is float and isinstance(weights, tuple)
+            and len(weights) == 12 and type(key_cache) is np.ndarray
+            and type(value_cache) is np.ndarray and type(weights[8]) is np.ndarray
+            and weights[8].ndim == 2):
+        return None
+    dtype, (batch, width) = x.dtype, x.shape
+    if not (n_head >= 1 and width % n_head == 0 and 0.0 <= eps < math.inf):
+        return None
+    for i, (w, shape) in enumerate(zip(weights, _block_shapes(width, weights[8].shape[0]))):
+        if w is None:
+            if i not in BLOCK_OPTIONAL:
+                return None
+        elif not (type(w) is np.ndarray and w.dtype is dtype and w.shape == shape
+                  and w.flags.carray):
+            return None
+    shape = key_cache.shape
+    if not (key_cache.dtype is dtype and value_cache.dtype is dtype and key_cache.ndim == 4
+            and shape[:2] == (batch, n_head) and shape[3] == width // n_head
+            and value_cache.shape == shape and 0 <= position < shape[2]
+            and key_cache.flags.carray and value_cache.flags.carray
+            and not np.may_share_memory(key_cache, value_cache)
+            and not np.may_share_memory(key_cache, x)
+            and not np.may_share_memory(value_cache, x)):
+        return None
+    return x, tuple(weights), n_head, position, eps
+
+
+def block_decode_args(x, weights, key_cache, value_cache, position, n_head, eps):
+    """functional/block.py's arguments: x (B, C) float; ``weights`` the block's twelve arrays
+    (BlockWeights' order and shapes, any bias or layer-norm weight None) of x's dtype; the caches
+    (B, nh, Smax, C/nh) C-contiguous, writeable, of x's dtype, neither sharing memory with the
+    other or with x; position an int in [0, Smax); n_head an int >= 1 dividing C; eps a finite
+    real >= 0. Returns (x C-contiguous, the twelve arrays C-contiguous, n_head, position, eps)."""
+    common = _block_decode_common(x, weights, key_cache, value_cache, position, n_head, eps)
+    if common is not None:
+        return common
+    x = float_array("x", x)
+    if x.ndim != 2:
+        raise ValueError(f"x must have shape (B, C): one new position per row; got {x.shape}")
+    batch, width = x.shape
+    n_head = size("n_head", n_head, 1)
+    if width % n_head:
+        raise ValueError(f"n_head must divide x's C = {width}; got {n_head}")
+    if not isinstance(weights, (tuple, list)) or len(weights) != 12:
+        got = (f"a {type(weights).__name__} of {len(weights)}"
+               if isinstance(weights, (tuple, list)) else type(weights).__name__)
+        raise TypeError(f"weights must be the block's 12 arrays (functional.block.BlockWeights); "
+                        f"got {got}")
+    fc = weights[8]
+    hidden = fc.shape[0] if isinstance(fc, np.ndarray) and fc.ndim == 2 else None
+    if hidden is None:
+        raise ValueError(f"weights.fc_weight must be a (F, {width}) array; got "
+                         f"{getattr(fc, 'shape', type(fc).__name__)}")
+    shapes = _block_shapes(width, hidden)
+    names = ("ln_1_weight", "ln_1_bias", "attn_weight", "attn_bias", "attn_proj_weight",
+             "attn_proj_bias", "ln_2_weight", "ln_2_bias", "fc_weight", "fc_bias",
+             "mlp_proj_weight", "mlp_proj_bias")
+    checked = []
+    for i, (name, value, shape) in enumerate(zip(names, weights, shapes)):
+        if value is None and i in BLOCK_OPTIONAL:
+            checked.append(None)
+            continue
+        arr = float_array(f"weights.{name}", value)
+        same_dtype(f"weights.{name}", arr, "x", x)
+        exact_shape(f"weights.{name}", arr, shape, f"to match x (B, {width})")
+        checked.append(contiguous(arr))
+    heads_shape = (batch, n_head, None, width // n_head)
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if type(cache) is not np.ndarray:
+            raise TypeError(f"{name} must be a NumPy array (it is written in place); got "
+                            f"{type(cache).__name__}")
+        same_dtype(name, cache, "x", x)
+        if cache.ndim != 4 or cache.shape[:2] != (batch, n_head) or cache.shape[3] != width // n_head:
+            raise ValueError(f"{name} must have shape (B, nh, Smax, hs) = {heads_shape[:2]} + "
+                             f"(Smax, {heads_shape[3]}) to match x {x.shape} and n_head "
+                             f"{n_head}; got {cache.shape}")
+        if not (cache.flags.c_contiguous and cache.flags.writeable and cache.flags.aligned):
+            raise ValueError(f"{name} must be a C-contiguous, writeable array (it is written in "
+                             f"place)")
+    if key_cache.shape != value_cache.shape:
+        raise ValueError(f"value_cache must have key_cache's shape {key_cache.shape}; got "
+                         f"{value_cache.shape}")
+    if np.may_share_memory(key_cache, value_cache) or any(
+            np.may_share_memory(cache, x) for cache in (key_cache, value_cache)):
+        raise ValueError("key_cache, value_cache and x must not share memory (the caches are "
+                         "written in place)")
+    position = int_value("position", position)
+    if not 0 <= position < key_cache.shape[2]:
+        raise ValueError(f"position must be in [0, Smax = {key_cache.shape[2]}); got {position}")
+    eps = real_float("eps", eps, "a real number >= 0")
+    if not 0.0 <= eps < math.inf:                    # also rejects NaN
+        raise ValueError(f"eps must be a finite real number >= 0; got {eps}")
+    return contiguous(x), tuple(checked), n_head, position, eps
+
+
 # ---------------------------------------------------------------- embedding, cross-entropy, norm
 
 INT64_RANGE = (-2**63, 2**63 - 1)

@@ -34,11 +34,13 @@ def expected_calls(n_layer):
                                                   # backward only (p = 0: forward returns x)
         "AdamW": 1,
     }
-    generate = {"linear (GEMM)": decodes * (4 * n_layer + 1),
+    # the prefill runs the modules; each new token one fused block_decode per layer (its
+    # products, layer norms, attention and GELU inside it), then ln_f and lm_head
+    generate = {"linear (GEMM)": 4 * n_layer + 1 + (decodes - 1),
                 "attention fwd": n_layer,                   # the prefill, on the fused engine
-                "attention decode": (decodes - 1) * n_layer,  # each new token, on its cache
-                "layer_norm": decodes * (2 * n_layer + 1), "gelu": decodes * n_layer,
-                "embedding": 2 * decodes, "sampling (NumPy)": new}
+                "decode block": (decodes - 1) * n_layer,    # each new token, per layer
+                "layer_norm": 2 * n_layer + 1 + (decodes - 1), "gelu": n_layer,
+                "embedding": 2, "sampling (NumPy)": new}
     return train, generate
 
 

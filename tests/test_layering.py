@@ -25,6 +25,10 @@ ALLOWED = {
     "npattn.kernels.vector_tile": {"numpy", "numba", "llvmlite"},
     "npattn.kernels.vector_pack": {"numba", "llvmlite"},
     "npattn.kernels": {"numpy", "numba", "npattn._jit", "npattn.kernels"},
+    # (first match wins) the fused decode block composes the functional ops' own bodies after
+    # their checks, so that its bits are theirs: docs/architecture.md §2
+    "npattn.functional.block": {"numpy", "npattn._checks", "npattn.kernels",
+                                "npattn.functional"},
     "npattn.functional": {"numpy", "npattn._checks", "npattn.kernels"},
     "npattn.nn": {"numpy", "npattn._checks", "npattn.functional", "npattn.nn"},
     "npattn.optim": {"numpy", "npattn._checks", "npattn.nn", "npattn.kernels.adam"},

@@ -34,10 +34,9 @@ def gelu_forward(x, approximate="none"):
     Shapes: x (...) -> out (...), in x's dtype
     """
     x, tanh_form = _checks.gelu_args(x, approximate)
-    flat = x.reshape(-1)                                   # (N,)
-    out = np.empty_like(flat)
-    _sized(gelu_forward_kernel, flat.size)(flat, tanh_form, out)
-    return out.reshape(x.shape)                            # (...)
+    out = np.empty_like(x)                                 # (...)
+    _sized(gelu_forward_kernel, x.size)(x.reshape(-1), tanh_form, out.reshape(-1))
+    return out
 
 
 def gelu_backward(dout, x, approximate="none"):

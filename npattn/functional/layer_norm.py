@@ -46,17 +46,24 @@ def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5, *,
     # (a decoded token's layer norm is mostly this Python: x (1, 1, C) -> y in ~1 µs of kernel.
     # So the views are the cheapest ones: ravel() of a C-contiguous array is a view)
     rows = x if x.ndim == 2 and len(shape) == 1 else _rows(x, shape)     # (N, D)
-    w = np.ones(rows.shape[1], x.dtype) if weight is None else weight.ravel()   # (D,)
-    b = np.zeros(rows.shape[1], x.dtype) if bias is None else bias.ravel()      # (D,)
     y = np.empty_like(x)
-    out = y if rows is x else y.reshape(rows.shape)           # (N, D), y's view
     lead = x.shape[:x.ndim - len(shape)]
     mean = np.empty(lead, np.float64)                         # (...) each; the kernel's (N,)
     rstd = np.empty(lead, np.float64)
+    _forward_rows(rows, weight, bias, eps, y if rows is x else y.reshape(rows.shape),
+                  mean.ravel(), rstd.ravel())
+    return (y, (mean, rstd)) if return_stats else y
+
+
+def _forward_rows(rows, weight, bias, eps, out, mean, rstd):
+    """The forward's kernel on checked rows (N, D) into out (N, D), mean and rstd (N,) float64
+    (views of y and the stats); weight and bias of D entries or None (also functional/decode.py's
+    layer norms)."""
+    w = np.ones(rows.shape[1], rows.dtype) if weight is None else weight.ravel()   # (D,)
+    b = np.zeros(rows.shape[1], rows.dtype) if bias is None else bias.ravel()      # (D,)
     run = (layer_norm_forward_kernel.serial if rows.size <= SERIAL_ENTRIES
            else layer_norm_forward_kernel)                    # (same bits either way)
-    run(rows, w, b, eps, out, mean.ravel(), rstd.ravel())
-    return (y, (mean, rstd)) if return_stats else y
+    run(rows, w, b, eps, out, mean, rstd)
 
 
 def layer_norm_backward(dout, x, normalized_shape, weight=None, bias=None, eps=1e-5, *,

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import _checks
 from ..functional.gelu import gelu_backward, gelu_forward
+from ..functional.block import BlockWeights, block_decode
 from ..functional.attention import (merge_heads, merge_heads_side_by_side,
                                     scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_forward,
@@ -192,6 +193,23 @@ class Block(Module):
         x2 = self.mlp(self.ln_2(x1))
         x2 += x1                                                    # x2 = x1 + mlp(ln_2(x1))
         return x2
+
+    def decode(self, x, cache, position):
+        """forward(x[:, None], cache, position)[:, 0] for x (B, C), one new position per row, in
+        eval mode -- generation's step, fused (functional/block.py: the same kernels on the same
+        values, so the same bits, without each module's Python)."""
+        def data(param):
+            return None if param is None else param.data
+        attn, mlp = self.attn, self.mlp
+        if self.training or self.ln_1.eps != self.ln_2.eps:
+            return self(x[:, None], cache, position)[:, 0]       # (the modules' path)
+        weights = BlockWeights(
+            data(self.ln_1.weight), data(self.ln_1.bias), attn.c_attn.weight.data,
+            data(attn.c_attn.bias), attn.c_proj.weight.data, data(attn.c_proj.bias),
+            data(self.ln_2.weight), data(self.ln_2.bias), mlp.c_fc.weight.data,
+            data(mlp.c_fc.bias), mlp.c_proj.weight.data, data(mlp.c_proj.bias))
+        return block_decode(x, weights, cache[0], cache[1], position, attn.n_head,
+                            self.ln_1.eps)
 
     def backward(self, dout):
         """dx = dx1 + ln_1'ᵀ·attn'ᵀ·dx1 with dx1 = dout + ln_2'ᵀ·mlp'ᵀ·dout: each residual
@@ -368,8 +386,15 @@ class GPT(Module):
         values go to the caches), then ln_f and lm_head on the last row alone."""
         tr = self.transformer
         with no_saving():
-            x = self._blocks(tokens, start, caches)                 # (B, L, C)
-            return self.lm_head(tr.ln_f(x[:, -1]))                  # (B, V): the next token
+            if tokens.shape[1] == 1 and start > 0 and not self.training:   # one new token:
+                # the embeddings' sum (tok + pos, as _blocks adds them; drop is off in eval),
+                # then each block's fused step (Block.decode)
+                x = tr.wte.weight.data[tokens[:, 0]] + tr.wpe.weight.data[start]   # (B, C)
+                for block, cache in zip(tr.h, caches):
+                    x = block.decode(x, cache, start)
+            else:
+                x = self._blocks(tokens, start, caches)[:, -1]      # (B, C): the last row
+            return self.lm_head(tr.ln_f(x))                         # (B, V): the next token
 
     @staticmethod
     def _sample(logits, temperature, top_k, rng):
