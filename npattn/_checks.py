@@ -702,12 +702,11 @@ def _block_decode_common(x, weights, key_cache, value_cache, position, n_head, e
     dtype, (batch, width) = x.dtype, x.shape
     if not (n_head >= 1 and width % n_head == 0 and 0.0 <= eps < math.inf):
         return None
-    for i, (w, shape) in enumerate(zip(weights, _block_shapes(width, weights[8].shape[0]))):
-        if w is None:
-            if i not in BLOCK_OPTIONAL:
-                return None
-        elif not (type(w) is np.ndarray and w.dtype is dtype and w.shape == shape
-                  and w.flags.carray):
+    if weights[2] is None or weights[4] is None or weights[10] is None:   # (8: an array)
+        return None                             # (the products' weights are never optional)
+    for w, shape in zip(weights, _block_shapes(width, weights[8].shape[0])):
+        if w is not None and not (type(w) is np.ndarray and w.dtype is dtype
+                                  and w.shape == shape and w.flags.carray):
             return None
     shape = key_cache.shape
     if not (key_cache.dtype is dtype and value_cache.dtype is dtype and key_cache.ndim == 4

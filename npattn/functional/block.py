@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from .. import _checks
-from ..kernels.tiles import gemm
+from ..kernels.tiles import engine
 from .attention import _with_kv_cache
 from .gelu import _sized
 from ..kernels.gelu import gelu_forward_kernel
@@ -53,20 +53,21 @@ def block_decode(x, weights, key_cache, value_cache, position, n_head, eps=1e-5)
      out_b) = weights
     batch, width = x.shape
     hs = width // n_head
+    gemm = engine("gemm", x.dtype).gemm                       # (tiles.gemm's, looked up once)
     h = _layer_norm(x, ln_1_w, ln_1_b, eps)                   # (B, C)
-    qkv = _linear(h, attn_w, attn_b)                          # (B, 3C)
+    qkv = _linear(gemm, h, attn_w, attn_b)                    # (B, 3C)
     # q, k, v (B, nh, 1, hs): column blocks of qkv, head h at columns h·hs .. of its block
     # (split_heads' layout; one row: views, as the GPT's own decode step takes them)
     q, k, v = (qkv.reshape(3, 1, n_head, 1, hs) if batch == 1 else
                np.ascontiguousarray(qkv.reshape(batch, 3, n_head, 1, hs).transpose(1, 0, 2, 3, 4)))
     scale = 1.0 / math.sqrt(hs)                               # (_checks.kv_cache_args' default)
     y, _ = _with_kv_cache(q, key_cache, value_cache, k, v, position + 1, True, scale)
-    x1 = _linear(y.reshape(batch, width), proj_w, proj_b)     # (B, C): heads side by side
+    x1 = _linear(gemm, y.reshape(batch, width), proj_w, proj_b)     # (B, C): heads side by side
     x1 += x
-    f = _linear(_layer_norm(x1, ln_2_w, ln_2_b, eps), fc_w, fc_b)   # (B, F)
+    f = _linear(gemm, _layer_norm(x1, ln_2_w, ln_2_b, eps), fc_w, fc_b)   # (B, F)
     g = np.empty_like(f)
     _sized(gelu_forward_kernel, f.size)(f.reshape(-1), False, g.reshape(-1))
-    x2 = _linear(g, out_w, out_b)                             # (B, C)
+    x2 = _linear(gemm, g, out_w, out_b)                       # (B, C)
     x2 += x1
     return x2
 
@@ -78,7 +79,7 @@ def _layer_norm(rows, weight, bias, eps):
     return out
 
 
-def _linear(rows, weight, bias):
+def _linear(gemm, rows, weight, bias):
     out = np.empty((rows.shape[0], weight.shape[0]), rows.dtype)
     gemm(rows, weight, out, bias=bias, trans_b=True)          # rows·Wᵀ + b, as linear_forward
     return out
