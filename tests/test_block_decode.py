@@ -38,7 +38,7 @@ def blocks(draw):
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     n_head = draw(st.sampled_from([1, 2, 3, 4]))
     hs = draw(st.integers(1, 12))
-    batch = draw(st.integers(1, 3))
+    batch = draw(st.integers(0, 3))                      # (0: an empty batch, shapes only)
     block_size = draw(st.integers(1, 80))
     position = draw(st.integers(0, block_size - 1))
     cfg = GPTConfig(block_size=block_size, vocab_size=5, n_layer=1, n_head=n_head,
@@ -59,7 +59,7 @@ def blocks(draw):
 @settings(max_examples=60, deadline=None)
 @given(case=blocks())
 def test_block_decode_is_the_modules_path_bit_for_bit(case):
-    """Both dtypes, with and without biases, 1-3 sequences, 1-4 heads of 1-12 dims, any
+    """Both dtypes, with and without biases, 0-3 sequences, 1-4 heads of 1-12 dims, any
     position of the cache (the first too), weights and inputs far from 1: the same output bits
     and the same caches (the new key and value written at position, nothing else touched)."""
     block, x, caches, position = case
@@ -214,3 +214,16 @@ def test_generate_runs_the_fused_block_after_the_prefill():
         assert np.array_equal(model.generate(idx, 6, seed=5), fused)
         greedy = model.generate(idx, 12, top_k=1)        # past block_size: crops, prefills
     assert np.array_equal(model.generate(idx, 12, top_k=1), greedy)
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_an_empty_batch_runs_forward_and_generates_nothing(length):
+    """idx (0, T): forward's logits are (0, T, V) and generate returns (0, T + new), through the
+    prefill, the fused block steps and a crop past block_size (one position takes views of
+    the heads: they must keep their shapes when there are no rows)."""
+    cfg = GPTConfig(block_size=4, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
+    model = GPT(cfg, dtype=np.float32, rng=0)
+    idx = np.zeros((0, length), np.int64)
+    logits, _ = model(idx)
+    assert logits.shape == (0, length, 11)
+    assert model.generate(idx, 6, seed=1).shape == (0, length + 6)

@@ -38,7 +38,7 @@ work items and tiles; tests/test_call_maps.py checks every name and arrow of bot
     _run_forward  -> _forward_blocks, kernels/attention.py::attention_forward_kernel
     _run_backward -> _splits, kernels/attention.py::attention_backward_kernel
     scaled_dot_product_attention_with_kv_cache -> _checks.kv_cache_args, _with_kv_cache
-    _with_kv_cache -> decode_chunk   # (also called by functional/decode.py's fused block)
+    _with_kv_cache -> decode_chunk   # (also called by functional/block.py's fused block)
     _with_kv_cache => decode_attention_kernel     # or its .serial
     split_heads   -> _heads_copy  # the modules' copies between packed rows and heads
     split_heads   => split_kernel                 # (through _heads_copy, or its .serial)
@@ -731,7 +731,7 @@ def scaled_dot_product_attention_with_kv_cache(query, key_cache, value_cache, ca
 def _with_kv_cache(query, key_cache, value_cache, key, value, n_keys, causal, scale):
     """scaled_dot_product_attention_with_kv_cache after its checks (``_checks.kv_cache_args``'
     results: n_keys live keys with the new ones, scale a float); also the attention of
-    decode.py's fused block, which checks its own arguments."""
+    functional/block.py's fused block, which checks its own arguments."""
     # (a decoded token runs this once per layer: the 4-D case, the engine's own layout, takes
     # no reshapes)
     if query.ndim == 4:                                   # (B, H, L, E)

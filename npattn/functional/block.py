@@ -21,10 +21,10 @@ import math
 import numpy as np
 
 from .. import _checks
+from ..kernels.gelu import gelu_forward_kernel
 from ..kernels.tiles import engine
 from .attention import _with_kv_cache
 from .gelu import _sized
-from ..kernels.gelu import gelu_forward_kernel
 from .layer_norm import _forward_rows
 
 #: The twelve arrays of one block, by nanoGPT's module names (``ln_1.weight`` ...,

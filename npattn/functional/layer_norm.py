@@ -57,7 +57,7 @@ def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5, *,
 
 def _forward_rows(rows, weight, bias, eps, out, mean, rstd):
     """The forward's kernel on checked rows (N, D) into out (N, D), mean and rstd (N,) float64
-    (views of y and the stats); weight and bias of D entries or None (also functional/decode.py's
+    (views of y and the stats); weight and bias of D entries or None (also functional/block.py's
     layer norms)."""
     w = np.ones(rows.shape[1], rows.dtype) if weight is None else weight.ravel()   # (D,)
     b = np.zeros(rows.shape[1], rows.dtype) if bias is None else bias.ravel()      # (D,)

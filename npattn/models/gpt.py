@@ -126,7 +126,8 @@ class CausalSelfAttention(Module):
             y, _ = scaled_dot_product_attention_with_kv_cache(q, cache[0], cache[1], start, k, v,
                                                               is_causal=True)
         # (B, nh, T, hs) -> (B, T, C); for one position a view: the heads already side by side
-        merged = y.reshape(y.shape[0], 1, -1) if y.shape[2] == 1 else merge_heads(y, True)
+        b, nh, t, hs = y.shape
+        merged = y.reshape(b, 1, nh * hs) if t == 1 else merge_heads(y, True)
         return self.resid_dropout(self.c_proj(merged))              # (B, T, C)
 
     def backward(self, dout):
