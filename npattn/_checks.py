@@ -759,15 +759,14 @@ def block_decode_args(x, weights, key_cache, value_cache, position, n_head, eps)
         same_dtype(f"weights.{name}", arr, "x", x)
         exact_shape(f"weights.{name}", arr, shape, f"to match x (B, {width})")
         checked.append(contiguous(arr))
-    heads_shape = (batch, n_head, None, width // n_head)
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         if type(cache) is not np.ndarray:
             raise TypeError(f"{name} must be a NumPy array (it is written in place); got "
                             f"{type(cache).__name__}")
         same_dtype(name, cache, "x", x)
         if cache.ndim != 4 or cache.shape[:2] != (batch, n_head) or cache.shape[3] != width // n_head:
-            raise ValueError(f"{name} must have shape (B, nh, Smax, hs) = {heads_shape[:2]} + "
-                             f"(Smax, {heads_shape[3]}) to match x {x.shape} and n_head "
+            raise ValueError(f"{name} must have shape (B, nh, Smax, hs) = ({batch}, {n_head}, "
+                             f"Smax, {width // n_head}) to match x {x.shape} and n_head "
                              f"{n_head}; got {cache.shape}")
         if not (cache.flags.c_contiguous and cache.flags.writeable and cache.flags.aligned):
             raise ValueError(f"{name} must be a C-contiguous, writeable array (it is written in "

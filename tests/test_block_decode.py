@@ -22,16 +22,6 @@ def module_path(block, x, cache, position):
     return block(x[:, None], cache, position)[:, 0]
 
 
-def weights_of(block):
-    def data(param):
-        return None if param is None else param.data
-    a, m = block.attn, block.mlp
-    return BlockWeights(data(block.ln_1.weight), data(block.ln_1.bias), a.c_attn.weight.data,
-                        data(a.c_attn.bias), a.c_proj.weight.data, data(a.c_proj.bias),
-                        data(block.ln_2.weight), data(block.ln_2.bias), m.c_fc.weight.data,
-                        data(m.c_fc.bias), m.c_proj.weight.data, data(m.c_proj.bias))
-
-
 @st.composite
 def blocks(draw):
     """(block in eval mode, x (B, C), caches (k, v) filled up to position, position)."""
@@ -67,7 +57,7 @@ def test_block_decode_is_the_modules_path_bit_for_bit(case):
     want = module_path(block, x, theirs, position)
     ours = tuple(c.copy() for c in caches)
     x_before = x.copy()
-    got = block_decode(x, weights_of(block), ours[0], ours[1], position, block.attn.n_head,
+    got = block_decode(x, block.decode_weights(), ours[0], ours[1], position, block.attn.n_head,
                        block.ln_1.eps)
     assert got.dtype == x.dtype and got.shape == x.shape
     np.testing.assert_array_equal(got, want)
@@ -79,7 +69,7 @@ def test_block_decode_is_the_modules_path_bit_for_bit(case):
 
 
 def call_args(block, x, caches, position):
-    return [x, weights_of(block), caches[0], caches[1], position, block.attn.n_head,
+    return [x, block.decode_weights(), caches[0], caches[1], position, block.attn.n_head,
             block.ln_1.eps]
 
 
@@ -162,7 +152,7 @@ def test_bad_arguments_name_themselves():
     block = Block(cfg, dtype=np.dtype(np.float32), rng=rng, seeds=rng).eval()
     x = np.zeros((2, 8), np.float32)
     caches = tuple(np.zeros((2, 2, 8, 4), np.float32) for _ in "kv")
-    w = weights_of(block)
+    w = block.decode_weights()
 
     def call(**changes):
         args = dict(x=x, weights=w, key_cache=caches[0], value_cache=caches[1], position=3,

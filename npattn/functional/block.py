@@ -23,7 +23,7 @@ import numpy as np
 from .. import _checks
 from ..kernels.gelu import gelu_forward_kernel
 from ..kernels.tiles import engine
-from .attention import _with_kv_cache
+from .attention import _with_kv_cache, split_heads
 from .gelu import _sized
 from .layer_norm import _forward_rows
 
@@ -56,10 +56,10 @@ def block_decode(x, weights, key_cache, value_cache, position, n_head, eps=1e-5)
     gemm = engine("gemm", x.dtype).gemm                       # (tiles.gemm's, looked up once)
     h = _layer_norm(x, ln_1_w, ln_1_b, eps)                   # (B, C)
     qkv = _linear(gemm, h, attn_w, attn_b)                    # (B, 3C)
-    # q, k, v (B, nh, 1, hs): column blocks of qkv, head h at columns h·hs .. of its block
-    # (split_heads' layout; one row: views, as the GPT's own decode step takes them)
+    # q, k, v (B, nh, 1, hs): split_heads' layout; one row already is it (views, as the GPT's
+    # own decode step takes them)
     q, k, v = (qkv.reshape(3, 1, n_head, 1, hs) if batch == 1 else
-               np.ascontiguousarray(qkv.reshape(batch, 3, n_head, 1, hs).transpose(1, 0, 2, 3, 4)))
+               split_heads(qkv[:, None], n_head, True, parts=3))
     scale = 1.0 / math.sqrt(hs)                               # (_checks.kv_cache_args' default)
     y, _ = _with_kv_cache(q, key_cache, value_cache, k, v, position + 1, True, scale)
     x1 = _linear(gemm, y.reshape(batch, width), proj_w, proj_b)     # (B, C): heads side by side

@@ -199,18 +199,22 @@ class Block(Module):
         """forward(x[:, None], cache, position)[:, 0] for x (B, C), one new position per row, in
         eval mode -- generation's step, fused (functional/block.py: the same kernels on the same
         values, so the same bits, without each module's Python)."""
+        if self.training or self.ln_1.eps != self.ln_2.eps:
+            return self(x[:, None], cache, position)[:, 0]       # (the modules' path)
+        return block_decode(x, self.decode_weights(), cache[0], cache[1], position,
+                            self.attn.n_head, self.ln_1.eps)
+
+    def decode_weights(self):
+        """The block's twelve arrays as functional/block.py's BlockWeights (None for an absent
+        bias)."""
         def data(param):
             return None if param is None else param.data
         attn, mlp = self.attn, self.mlp
-        if self.training or self.ln_1.eps != self.ln_2.eps:
-            return self(x[:, None], cache, position)[:, 0]       # (the modules' path)
-        weights = BlockWeights(
+        return BlockWeights(
             data(self.ln_1.weight), data(self.ln_1.bias), attn.c_attn.weight.data,
             data(attn.c_attn.bias), attn.c_proj.weight.data, data(attn.c_proj.bias),
             data(self.ln_2.weight), data(self.ln_2.bias), mlp.c_fc.weight.data,
             data(mlp.c_fc.bias), mlp.c_proj.weight.data, data(mlp.c_proj.bias))
-        return block_decode(x, weights, cache[0], cache[1], position, attn.n_head,
-                            self.ln_1.eps)
 
     def backward(self, dout):
         """dx = dx1 + ln_1'ᵀ·attn'ᵀ·dx1 with dx1 = dout + ln_2'ᵀ·mlp'ᵀ·dout: each residual
