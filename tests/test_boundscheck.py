@@ -15,7 +15,8 @@ TESTS = pathlib.Path(__file__).resolve().parent
 KERNEL_TESTS = ["test_gemm.py", "test_linear.py", "test_matmul.py", "test_softmax.py",
                 "test_dropout.py", "test_exp.py", "test_attention.py", "test_embedding.py",
                 "test_cross_entropy.py", "test_layer_norm.py", "test_gelu.py", "test_rope.py",
-                "test_attention_varlen.py", "test_tanh.py", "test_vector_pack.py"]
+                "test_attention_varlen.py", "test_tanh.py", "test_vector_pack.py",
+                "test_vector_exp.py"]
 
 
 def test_kernel_tests_pass_with_bounds_checking(tmp_path):

@@ -20,10 +20,11 @@ ALLOWED = {
     "npattn._jit": {"numba", "numpy", "llvmlite"},
     "npattn._checks": {"numpy"},
     "npattn.reference": {"numpy"},
-    # (first match wins) the register tile and the packing write LLVM IR: llvmlite, which
-    # Numba itself needs
+    # (first match wins) the register tile, the packing and the attention forward's exps write
+    # LLVM IR: llvmlite, which Numba itself needs
     "npattn.kernels.vector_tile": {"numpy", "numba", "llvmlite"},
     "npattn.kernels.vector_pack": {"numba", "llvmlite"},
+    "npattn.kernels.vector_exp": {"numba", "llvmlite", "npattn.kernels.exp"},
     "npattn.kernels": {"numpy", "numba", "npattn._jit", "npattn.kernels"},
     # (first match wins) the fused decode block composes the functional ops' own bodies after
     # their checks, so that its bits are theirs: docs/architecture.md §2

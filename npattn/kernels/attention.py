@@ -12,7 +12,7 @@ b. tests/test_call_maps.py checks every name and arrow::
     forward_pair   -> pack_lanes, pack_columns, ones_row, key_start, key_end, micro_kernel,
                       softcap_scores, mask_panel, store_scores, panel_softmax
     mask_panel     -> every_key_visible, mask_keys, alibi_panel
-    panel_softmax  -> lane_max, exp_shifted_native, micro_kernel, keep
+    panel_softmax  -> lane_max, exp_rows, micro_kernel, keep
     finish_rows    -> join_sink
     finish_weights -> exp_nonpositive_native, keep
     attention_backward_kernel => backward_item    # prange over (b, kv head, split of keys)
@@ -25,7 +25,7 @@ b. tests/test_call_maps.py checks every name and arrow::
     unpack_columns -> transpose_nt
     backward_pair  -> backward_tiles, rows_seeing, tile_add, micro_kernel, add_tile
     backward_tiles -> every_key_visible, micro_kernel, softcap_tile, mask_tile,
-                      exp_one_native, keep_tile
+                      grad_row, keep_tile
     mask_tile      -> every_key_visible, mask_keys, visible_keys, alibi_row
     mask_keys      -> visible_keys
     every_key_visible, visible_keys -> key_start, key_end
@@ -116,13 +116,13 @@ import numpy as np
 from numba import prange
 
 from .._jit import call_body, kernel, parallel_items, thread_count
-from . import _lane_max, tiles, vector_pack, vector_tile
+from . import _lane_max, tiles, vector_exp, vector_pack, vector_tile
 from .attention_state import (BOOL_MASK, FLOAT_MASK, NO_MASK, BlockPair, ForwardScratch,
                               KeyBlock, QueryBlock, Scratch, batch_scores, dropout_first,
                               head_of)
 from .score_modifiers import (alibi_panel, alibi_row, join_sink, key_end, key_start,
                               softcap_scores, softcap_tile)
-from .exp import exp_nonpositive_native, exp_one_native, exp_shifted_native
+from .exp import exp_nonpositive_native
 from .random import keep
 
 # This module is written once for a register tile and loaded once per tile (tiles.engine):
@@ -381,6 +381,12 @@ def mask_panel(pt, n_keys, i0, rows, j0, scores, head):
 #: every step, because LLVM cannot rule out that out and pt overlap -- measured 9× slower
 #: (0.28 vs 0.03 ns per element).
 lane_max = kernel(getattr(_lane_max, f"lane_max_{NR}"))
+#: e[j·NR + c] = exp(pt[j·NR + c] - shift[c]): each row of a panel one vector of NR
+#: (vector_exp.py; exp.exp_shifted_native's bits, without its inner loop's set-up per row)
+exp_rows = vector_exp.shifted_rows(NR)
+#: one row of a backward tile: p = exp(s - lse)·inv, w = p (∘ keep·scale), ds = p·(dp - D)
+#: (vector_exp.py: one vector of NR keys, the bits of the scalar loop it replaced)
+grad_row = vector_exp.softmax_grad_row(NR)
 
 
 @kernel
@@ -405,7 +411,7 @@ def panel_softmax(fs, pn, lo, n_keys, first, n_all_keys, dropout):
         alpha[c] = math.exp(m[c] - shift[c])        # 0 when m was -inf
         m[c] = new
     a, n = lo * NR, n_keys * NR
-    exp_shifted_native(pt[a:n], shift, e[a:n])   # e = exp(s - shift)
+    exp_rows(pt[a:n], shift, e[a:n])             # e = exp(s - shift), a row a vector
     if dropout.threshold > 0:
         total = fs.total
         total[:] = zero
@@ -680,22 +686,11 @@ def backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds):
             if dropout.threshold > 0:
                 keep_tile(kept, dropout.stream, dropout.threshold,
                           at.first + (i0 + r0) * n_keys_all + j0 + c0, n_keys_all)
-            zero = ts.dtype.type(0)
-            for r in range(MR):                  # one vector loop per row: p, w, ds (the exp
-                trow = ts[r]                     # inlined; through scratch rows and a call to
-                drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]  # exp_nonpositive
-                wrow = wp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]   # it was slower)
-                shift = lse_r[r0 + r]
-                inv = inv_r[r0 + r]                                   # (1: the same bits)
-                for c in range(drow.shape[0]):   # (NR, read from the array: see finish_rows)
-                    pv = exp_one_native(trow[c] - shift) * inv
-                    dp = tdp[r, c]
-                    w = pv
-                    if dropout.threshold > 0:                         # dropped: exactly 0
-                        dp = dp * dropout.scale if kept[r, c] else zero
-                        w = pv * dropout.scale if kept[r, c] else zero
-                    drow[c] = pv * (dp - d_r[r0 + r])                 # ds
-                    wrow[c] = w
+            dropped = dropout.threshold > 0
+            for r in range(MR):                  # p, w, ds: one row a vector (vector_exp.py)
+                row = panel + (r0 + r) * NR
+                grad_row(ts[r], tdp[r], kept[r], dropped, dropout.scale, lse_r[r0 + r],
+                         inv_r[r0 + r], d_r[r0 + r], dsp[row:row + NR], wp[row:row + NR])
             if store_ds:                                   # the gradient of the masked scores
                 for r in range(min(MR, rows - r0)):
                     out = dsh[i0 + r0 + r, j0 + c0:j0 + min(n_keys, c0 + NR)]

@@ -18,6 +18,8 @@ series, for float32).
 Edges: x < -708 (where 2^t would leave float64's normal range) and x = -inf give 0; NaN gives
 NaN. x > 0 is outside the contract (softmax only ever exponentiates x - max(x) <= 0).
 """
+import math
+
 import numpy as np
 from numba import types
 from numba.extending import overload
@@ -37,30 +39,35 @@ UNDERFLOW = -708.0                    # exp(-708) ≈ 3.3e-308, still a normal f
 SHIFTER = 6755399441055744.0
 
 
+#: exp(r)'s Taylor coefficients in Horner order, 1/13! down to 1/0!: exp_series evaluates
+#: them, and vector_exp.py the same steps on vectors
+SERIES = tuple(1.0 / math.factorial(n) for n in range(13, -1, -1))
+
+
 @fma_kernel
 def exp_series(r):
     # exp(r) for |r| <= ln(2)/2 (and a little beyond: kernels/gelu.py's r carries a tail of up
     # to 3e-5), the Taylor series of exp_parts
-    p = 1.0 / 6227020800.0                    # 1/13!, then Horner down to 1/0!
-    p = p * r + 1.0 / 479001600.0
-    p = p * r + 1.0 / 39916800.0
-    p = p * r + 1.0 / 3628800.0
-    p = p * r + 1.0 / 362880.0
-    p = p * r + 1.0 / 40320.0
-    p = p * r + 1.0 / 5040.0
+    p = SERIES[0]                             # 1/13!, then Horner down to 1/0!
+    p = p * r + SERIES[1]
+    p = p * r + SERIES[2]
+    p = p * r + SERIES[3]
+    p = p * r + SERIES[4]
+    p = p * r + SERIES[5]
+    p = p * r + SERIES[6]                     # 1/7!
     return exp_series_tail(p, r)
 
 
 @fma_kernel
 def exp_series_tail(p, r):
     # the last seven of Horner's steps for exp(r)'s Taylor series, from p = its value after 1/7!
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    return p * r + 1.0
+    p = p * r + SERIES[7]                     # 1/6!
+    p = p * r + SERIES[8]
+    p = p * r + SERIES[9]
+    p = p * r + SERIES[10]
+    p = p * r + SERIES[11]
+    p = p * r + SERIES[12]
+    return p * r + SERIES[13]                 # 1/0!
 
 
 @fma_kernel
@@ -131,17 +138,21 @@ UNDERFLOW_F32 = np.float32(-87.33654)     # ln(2^-126): exp(x) below it is subno
 F32 = np.float32
 
 
+#: the float32 series' coefficients in Horner order, 1/7! down to 1/0! (as SERIES)
+SERIES_F32 = tuple(F32(1.0 / math.factorial(n)) for n in range(7, -1, -1))
+
+
 @fma_kernel
 def exp_series_f32(r):
     # exp(r) for float32 |r| <= ln(2)/2 (and a little beyond), the Taylor series of exp_parts_f32
-    p = F32(1.0 / 5040.0)
-    p = p * r + F32(1.0 / 720.0)
-    p = p * r + F32(1.0 / 120.0)
-    p = p * r + F32(1.0 / 24.0)
-    p = p * r + F32(1.0 / 6.0)
-    p = p * r + F32(0.5)
-    p = p * r + F32(1.0)
-    return p * r + F32(1.0)
+    p = SERIES_F32[0]                         # 1/7!
+    p = p * r + SERIES_F32[1]
+    p = p * r + SERIES_F32[2]
+    p = p * r + SERIES_F32[3]
+    p = p * r + SERIES_F32[4]
+    p = p * r + SERIES_F32[5]
+    p = p * r + SERIES_F32[6]
+    return p * r + SERIES_F32[7]              # 1/0!
 
 
 @fma_kernel
