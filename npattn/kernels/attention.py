@@ -25,7 +25,7 @@ b. tests/test_call_maps.py checks every name and arrow::
     unpack_columns -> transpose_nt
     backward_pair  -> backward_tiles, rows_seeing, tile_add, micro_kernel, add_tile
     backward_tiles -> every_key_visible, micro_kernel, softcap_tile, mask_tile,
-                      grad_row, keep_tile
+                      grad_row, keep_tile, transpose_mr
     mask_tile      -> every_key_visible, mask_keys, visible_keys, alibi_row
     mask_keys      -> visible_keys
     every_key_visible, visible_keys -> key_start, key_end
@@ -701,11 +701,9 @@ def backward_tiles(qb, kb, at, scores, head, dropout, sc, dsh, store_ds):
                     drow = dsp[panel + (r0 + r) * NR:panel + (r0 + r + 1) * NR]
                     for c in range(NR):
                         drow[c] = drow[c] * capped[r, c]
-            strip = dsq[s * BK * MR:(s + 1) * BK * MR]
-            for c in range(NR):
-                col = strip[(c0 + c) * MR:(c0 + c + 1) * MR]
-                for r in range(MR):
-                    col[r] = dsp[panel + (r0 + r) * NR + c]
+            # ds transposed into the query strip: dsq[(s·BK + c0 + c)·MR + r] = the tile's
+            # ds[r, c] (its MR rows of NR, transposed in registers: vector_pack.py)
+            transpose_mr(NR, dsp, panel + r0 * NR, NR, dsq, (s * BK + c0) * MR, MR)
 
 
 @kernel
