@@ -94,7 +94,7 @@ TILE_PROBE = r"""
                     prefetch=prefetches(loop),   # (outside: C's, before a k loop)
                     prefetch_outside=prefetches(asm) - sum(map(prefetches, loops)))
 
-    out = dict(isa=tiles.isa_in_force(), cpu=tiles.cpu_name(), tiles=[])
+    out = dict(isa=tiles.isa_in_force(), cpu=tiles.cpu_name(), tiles=[], exps=[])
     for dtype in (np.float32, np.float64):
         gemm = tiles.engine("gemm", dtype)
         lanes = (64 if out["isa"] == "avx512" else 32) // np.dtype(dtype).itemsize
@@ -116,6 +116,32 @@ TILE_PROBE = r"""
         product.compile(f"(int64, {vector}, {vector}, {matrix})")
         asm = product.inspect_asm(product.signatures[0])
         out["tiles"].append(dict(engine="attention", **report(asm, mr, nr, lanes)))
+        # the attention engine's exps, a row a vector (vector_exp.py): the forward's row loop
+        # and the backward's row, each as the engine calls it
+        exp_rows, grad_row = attention.exp_rows, attention.grad_row
+
+        @njit
+        def rows(x, shift, e):
+            exp_rows(x, shift, e)
+
+        @njit
+        def grad(t, dp, kept, dropped, scale, shift, inv, d, ds, w):
+            grad_row(t, dp, kept, dropped, scale, shift, inv, d, ds, w)
+        name = np.dtype(dtype).name
+        rows.compile(f"({vector}, {vector}, {vector})")
+        grad.compile(f"({vector}, {vector}, Array(bool, 1, 'C'), boolean, {name}, {name}, "
+                     f"{name}, {name}, {vector}, {vector})")
+        for kind, fn in (("exp_rows", rows), ("grad_row", grad)):
+            asm = fn.inspect_asm(fn.signatures[0])
+            fmas = re.findall(r"vfn?madd\w+\s+([^\n]*)", asm)
+            loops = fma_loops(asm)
+            out["exps"].append(dict(
+                kind=kind, dtype=name, nr=nr, lanes=lanes, fmas=len(fmas),
+                zmm=sum("zmm" in f for f in fmas), ymm=sum("ymm" in f for f in fmas),
+                loop_fmas=loops[0].count("vfmadd") if loops else 0,
+                loop_stack=len(re.findall(r"\(%rsp\)", loops[0])) if loops else None,
+                loop_spills=(len(re.findall(r",\s*-?\d*\(%rsp\)$", loops[0], re.M))
+                             if loops else None)))
     print(json.dumps(out))
 """
 
@@ -138,7 +164,9 @@ def test_the_tiles_run_at_full_width_on_every_cpu(cpu, features, isa, tmp_path):
     engine's -- is fused multiply-adds on the widest registers the CPU has: zmm on every
     AVX-512 CPU, Intel's included (whose LLVM tuning prefers ymm in vectorised loops), ymm
     under AVX2; one per accumulator vector; and no stack access (no spill, no reload). The
-    GEMM's AVX-512 tile prefetches (B in its k loop, C before it) and no other tile does."""
+    GEMM's AVX-512 tile prefetches (B in its k loop, C before it) and no other tile does. The
+    attention engine's exps (vector_exp.py: the forward's rows, the backward's row) are wide
+    fused multiply-adds too, the forward's row loop without stack access."""
     probe = json.loads(run_python(TILE_PROBE, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
                                   NUMBA_CACHE_DIR=str(tmp_path)))
     assert (probe["cpu"], probe["isa"]) == (cpu, isa), probe
@@ -152,6 +180,21 @@ def test_the_tiles_run_at_full_width_on_every_cpu(cpu, features, isa, tmp_path):
         prefetches = tile["engine"] == "gemm" and isa == "avx512"
         assert (tile["prefetch"] > 0) == prefetches, (cpu, tile)
         assert (tile["prefetch_outside"] > 0) == prefetches, (cpu, tile)
+    # the attention engine's exps: every fused multiply-add on the wide registers, as many
+    # per step as the row has vectors (exp.py's Horner steps, each a multiple of them); the
+    # forward's rows in one loop of their own, which on AVX-512 neither spills nor reloads.
+    # (Under AVX2 exp's constants, the shift and a row outgrow the 16 ymm registers: the loop
+    # re-reads hoisted constants from the stack -- float32, 4 loads among 20 fused
+    # multiply-adds per row -- and float64, with its 14 series coefficients, also spills two
+    # temporaries per row; not asserted there)
+    assert len(probe["exps"]) == 4, probe["exps"]
+    for exps in probe["exps"]:
+        vectors = -(-exps["nr"] // exps["lanes"])
+        assert exps[wide] == exps["fmas"] > 0 and exps[narrow] == 0, (cpu, exps)
+        assert exps["fmas"] % vectors == 0, (cpu, exps)
+        if exps["kind"] == "exp_rows":
+            assert exps["loop_fmas"] >= 8 * vectors, (cpu, exps)   # the series, in the loop
+            assert exps["loop_stack"] == exps["loop_spills"] == 0 or isa == "avx2", (cpu, exps)
 
 
 LOOP_PROBE = r"""
