@@ -103,10 +103,10 @@ softmax step (max, exp, rescale) runs along the NR queries of a panel -- one or 
 registers (the tile, MR×NR, is the GEMM engine's: see tiles.py). The softmax denominator comes out of the same product: the value strips carry an
 extra row of ones, so oᵀ's row Ev accumulates Σ p (and its rescaling) for free. Backward
 computes tiles as MR queries × NR keys and stores w and ds row by row into key panels (the B
-operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds, transposed back once per key block); only ds is
-transposed element by element, into the query strips of dq += ds·k. Everything past a block's
-last row or key is packed as zero and its score is -inf, so no tile reads outside an array and
-padding contributes exact zeros.
+operand of dvᵀ += doutᵀ·w and dkᵀ += qᵀ·ds, transposed back once per key block), and ds is
+also transposed, in registers (``transpose_mr``), into the query strips of dq += ds·k.
+Everything past a block's last row or key is packed as zero and its score is -inf, so no tile
+reads outside an array and padding contributes exact zeros.
 
 Accumulators: the input dtype (float32 in float32, as PyTorch's CPU kernels do).
 """

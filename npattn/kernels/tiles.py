@@ -15,7 +15,8 @@ avx512      32 × 512-bit (zmm)    8×32 / 8×16: 16 zmm accumulators      the s
 ==========  ====================  ====================================  =======================
 
 The attention engine keeps 4-row tiles on AVX2: its blocks (256 and 128 keys, 128 queries) are
-powers of two, which 6 does not divide.
+powers of two, which 6 does not divide, and 6-row tiles with blocks that 6 divides measured no
+faster, twice (docs/architecture.md §5).
 
 Every AVX-512 CPU gets ``avx512``, Intel's as AMD's. LLVM's tuning for Intel's AVX-512 cores
 prefers 256-bit vectors (``prefer-256-bit``), but that steers only its vectorisers: the
