@@ -6,7 +6,8 @@ from masks, NaN with a payload, scores of ±1e30, the underflow cut, denormals, 
 * the forward's ``exp_rows(x, shift, out)`` gives exactly ``exp.exp_shifted_native``'s results
   and writes nothing past its whole rows;
 * the backward's ``grad_row`` (p, w and ds of one tile row, with and without dropout) gives
-  exactly what the scalar loop gives, compiled from the same Python.
+  exactly what the scalar loop gives, compiled from the same Python (a NaN as a NaN: where two
+  meet, which payload survives is LLVM's choice).
 
 (exp.py's own accuracy, within 1 ulp, is tests/test_exp.py's.) Under ``NUMBA_BOUNDSCHECK=1``
 (test_boundscheck.py runs this file so) a call whose arrays are too short raises IndexError."""
@@ -114,7 +115,12 @@ def test_a_backward_row_is_the_scalar_loop_bit_for_bit(width, dtype, dropped, da
     run(t, dp, kept, dropped, scale, shift, inv, d, got[0], got[1])
     scalar(t, dp, kept, dropped, scale, shift, inv, d, want[0], want[1])
     for g, w in zip(got, want):
-        np.testing.assert_array_equal(as_bits(g), as_bits(w))
+        # NaN where the loop has NaN, and every other element's bits. A NaN's payload is not
+        # compared: where two NaNs meet (a NaN score times a NaN normaliser, say), LLVM leaves
+        # open which one's payload the product keeps -- the loop kept the score's, the vector
+        # code the normaliser's, in a case Hypothesis found
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(as_bits(g)[~np.isnan(w)], as_bits(w)[~np.isnan(w)])
 
 
 def test_short_arrays_raise_under_bounds_checking():
